@@ -1,0 +1,13 @@
+"""µGraph IR, op table, program builder and program files (imports nothing else of ours)."""
+
+from .dims import ShapeError, SymDim
+from .graph import BlockGraph, KernelGraph, Tensor, new_block_graph, new_kernel_graph
+from .ops import ACCUM_KINDS, DTYPES, OPS, OpDef
+from .printing import format_graph
+from .serialize import GraphFormatError, from_json, structural_hash, to_json
+
+__all__ = [
+    "ACCUM_KINDS", "DTYPES", "OPS", "BlockGraph", "GraphFormatError", "KernelGraph", "OpDef",
+    "ShapeError", "SymDim", "Tensor", "format_graph", "from_json", "new_block_graph",
+    "new_kernel_graph", "structural_hash", "to_json",
+]

@@ -1,0 +1,247 @@
+"""The op table: every op of the µGraph IR defined once.
+
+Each entry names the op, its arity, the graph levels that allow it, its attributes, its
+shape rule, its dtype rule and its abstract expression (used by the search to prune).
+The builder, the parser, the interpreter, the enumerator and the lowering all read this
+table; none of them keeps its own list of ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .dims import Dim, ShapeError, fmt_shape
+
+KERNEL = "kernel"
+BLOCK = "block"
+DTYPES = ("float16", "bfloat16", "float32")
+MAX_RANK = 4
+ACCUM_KINDS = ("no_red", "sum", "mean", "rms")
+
+Shape = tuple[Dim, ...]
+Expr = tuple  # abstract expressions are nested tuples: ("add", e1, e2), ("var", "X"), ...
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One row of the op table."""
+
+    name: str
+    arity: int | None  # None: variadic (graph-defined kernel)
+    levels: frozenset[str]
+    shape_rule: Callable[[Sequence[Shape], dict], Shape] | None
+    abstract: Callable[[Sequence[Expr], Sequence[Shape], dict], Expr] | None
+    attrs: tuple[str, ...] = ()
+    commutative: bool = False
+    elementwise: bool = False  # unary or binary pointwise: fused into thread chains
+    doc: str = ""
+    dtype_rule: Callable[[Sequence[str], dict], str] = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.dtype_rule is None:
+            object.__setattr__(self, "dtype_rule", _same_dtype(self.name))
+
+
+def _same_dtype(name: str) -> Callable[[Sequence[str], dict], str]:
+    def rule(dtypes: Sequence[str], attrs: dict) -> str:
+        if len(set(dtypes)) > 1:
+            raise ShapeError(f"{name}: operands have different dtypes {list(dtypes)}")
+        return dtypes[0]
+
+    return rule
+
+
+def _is_one(d: Dim) -> bool:
+    return isinstance(d, int) and d == 1
+
+
+def _check_rank(name: str, shape: Shape) -> None:
+    if not 1 <= len(shape) <= MAX_RANK:
+        raise ShapeError(f"{name}: tensors have 1 to {MAX_RANK} dims, got {fmt_shape(shape)}")
+
+
+def broadcast_shape(name: str, a: Shape, b: Shape) -> Shape:
+    """Binary ops broadcast size-1 dims (same rank), so ``E / sum(E, -1)`` works."""
+    if len(a) != len(b):
+        raise ShapeError(f"{name}: operands have ranks {len(a)} and {len(b)}: "
+                         f"{fmt_shape(a)} vs {fmt_shape(b)}")
+    out = []
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x == y or _is_one(y):
+            out.append(x)
+        elif _is_one(x):
+            out.append(y)
+        else:
+            raise ShapeError(f"{name}: shapes {fmt_shape(a)} and {fmt_shape(b)} differ in "
+                             f"dim {i} ({x} vs {y}) and neither is 1")
+    return tuple(out)
+
+
+def _dim_attr(name: str, shape: Shape, attrs: dict) -> int:
+    dim = attrs.get("dim")
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise ShapeError(f"{name}: attribute 'dim' must be an integer, got {dim!r}")
+    if not -len(shape) <= dim < len(shape):
+        raise ShapeError(f"{name}: dim {dim} is out of range for shape {fmt_shape(shape)}")
+    return dim % len(shape)
+
+
+# --- shape rules -------------------------------------------------------------------------
+
+def _unary(name: str):
+    def rule(shapes: Sequence[Shape], attrs: dict) -> Shape:
+        _check_rank(name, shapes[0])
+        return shapes[0]
+    return rule
+
+
+def _binary(name: str):
+    def rule(shapes: Sequence[Shape], attrs: dict) -> Shape:
+        _check_rank(name, shapes[0])
+        return broadcast_shape(name, shapes[0], shapes[1])
+    return rule
+
+
+def _matmul_shape(shapes: Sequence[Shape], attrs: dict) -> Shape:
+    a, b = shapes
+    if len(a) < 2 or len(a) != len(b):
+        raise ShapeError(f"matmul: operands must have the same rank ≥ 2, got "
+                         f"{fmt_shape(a)} and {fmt_shape(b)}")
+    if a[-1] != b[-2]:
+        raise ShapeError(f"matmul: inner dims differ: {fmt_shape(a)} @ {fmt_shape(b)} "
+                         f"({a[-1]} vs {b[-2]})")
+    batch = broadcast_shape("matmul", a[:-2], b[:-2]) if len(a) > 2 else ()
+    return (*batch, a[-2], b[-1])
+
+
+def _reduce_shape(name: str):
+    def rule(shapes: Sequence[Shape], attrs: dict) -> Shape:
+        shape = shapes[0]
+        _check_rank(name, shape)
+        d = _dim_attr(name, shape, attrs)
+        attrs["dim"] = d
+        return tuple(1 if i == d else s for i, s in enumerate(shape))
+    return rule
+
+
+def _scalar_shape(shapes: Sequence[Shape], attrs: dict) -> Shape:
+    c = attrs.get("scalar")
+    if not isinstance(c, int | float) or isinstance(c, bool):
+        raise ShapeError(f"mul_scalar: attribute 'scalar' must be a number, got {c!r}")
+    attrs["scalar"] = float(c)
+    return shapes[0]
+
+
+def _accum_shape(shapes: Sequence[Shape], attrs: dict) -> Shape:
+    kind = attrs.get("kind")
+    if kind not in ACCUM_KINDS:
+        raise ShapeError(f"accum: kind must be one of {ACCUM_KINDS}, got {kind!r}")
+    shape = shapes[0]
+    return shape if kind == "no_red" else (*shape[:-1], 1)
+
+
+# --- abstract expressions ----------------------------------------------------------------
+# Sizes appear as symbols-or-ints so that tile-level and tensor-level expressions of the
+# same computation compare equal after the search normalises them.
+
+def _size(d: Dim) -> Any:
+    return d if isinstance(d, int) else str(d)
+
+
+def _abs_unary(tag: str):
+    return lambda e, s, a: (tag, e[0])
+
+
+def _abs_binary(tag: str):
+    return lambda e, s, a: (tag, e[0], e[1])
+
+
+def _abs_matmul(e, s, a):
+    return ("sum", _size(s[0][-1]), ("mul", e[0], e[1]))
+
+
+def _abs_sum(e, s, a):
+    return ("sum", _size(s[0][a["dim"]]), e[0])
+
+
+def _abs_mean(e, s, a):
+    n = _size(s[0][a["dim"]])
+    return ("div", ("sum", n, e[0]), ("const", n))
+
+
+def _abs_rms_norm(e, s, a):
+    n = _size(s[0][-1])
+    return ("div", e[0], ("sqrt", ("div", ("sum", n, ("mul", e[0], e[0])), ("const", n))))
+
+
+def _abs_accum(e, s, a):
+    # the for-loop range is carried in attrs by the block graph when it asks
+    f = a.get("_forloop", "F")
+    kind = a["kind"]
+    if kind == "no_red":
+        return ("sum", f, e[0])
+    n = ("x", f, _size(s[0][-1]))
+    total = ("sum", n, e[0]) if kind in ("sum", "mean") else ("sum", n, ("mul", e[0], e[0]))
+    if kind == "sum":
+        return total
+    mean = ("div", total, ("const", n))
+    return mean if kind == "mean" else ("sqrt", mean)
+
+
+def _no_shape(shapes, attrs):  # pragma: no cover - never called for these ops
+    raise ShapeError("input/output/graph_kernel shapes are computed by the graph")
+
+
+# --- the table ---------------------------------------------------------------------------
+
+_BOTH = frozenset({KERNEL, BLOCK})
+_UNARY_DOCS = {
+    "exp": "e^x", "square": "x²", "sqrt": "√x", "silu": "x·sigmoid(x)",
+    "sigmoid": "1/(1+e^-x)", "gelu": "x·Φ(x) (tanh approximation in float)",
+    "relu": "max(x, 0)",
+}
+_BINARY_DOCS = {"add": "a + b", "sub": "a − b", "mul": "a · b", "div": "a / b"}
+
+
+def _build() -> dict[str, OpDef]:
+    ops = [
+        OpDef("input", 0, _BOTH, None, None, ("shape", "dtype", "index", "imap", "fmap"),
+              doc="a kernel input (shape, dtype) or, in a block graph, a tile of one"),
+        OpDef("output", 1, _BOTH, None, None, ("omap",),
+              doc="marks a graph output; in a block graph, omap places the tile"),
+        OpDef("matmul", 2, _BOTH, _matmul_shape, _abs_matmul, doc="a @ b over the last two dims"),
+        OpDef("mul_scalar", 1, _BOTH, _scalar_shape, lambda e, s, a: ("mul", e[0], ("const", a["scalar"])),
+              ("scalar",), elementwise=True, doc="x · c for a numeric constant c"),
+        OpDef("sum", 1, _BOTH, _reduce_shape("sum"), _abs_sum, ("dim",),
+              doc="sum over one dim, kept with size 1"),
+        OpDef("mean", 1, _BOTH, _reduce_shape("mean"), _abs_mean, ("dim",),
+              doc="mean over one dim, kept with size 1"),
+        OpDef("rms_norm", 1, _BOTH, _unary("rms_norm"), _abs_rms_norm,
+              doc="x / sqrt(mean(x², last dim)), no weight, no epsilon"),
+        OpDef("accum", 1, frozenset({BLOCK}), _accum_shape, _abs_accum, ("kind",),
+              doc="for-loop accumulator: no_red (sum over iterations) or sum/mean/rms of the "
+                  "last dim over all iterations"),
+        OpDef("graph_kernel", None, frozenset({KERNEL}), None, None, ("block_graph",),
+              doc="a graph-defined kernel: a block graph run over a grid"),
+    ]
+    for name, doc in _BINARY_DOCS.items():
+        ops.append(OpDef(name, 2, _BOTH, _binary(name), _abs_binary(name),
+                         commutative=name in ("add", "mul"), elementwise=True, doc=doc))
+    for name, doc in _UNARY_DOCS.items():
+        abstract = (lambda e, s, a: ("mul", e[0], e[0])) if name == "square" else _abs_unary(name)
+        ops.append(OpDef(name, 1, _BOTH, _unary(name), abstract, elementwise=True, doc=doc))
+    return {op.name: op for op in ops}
+
+
+OPS: dict[str, OpDef] = _build()
+COMPUTE_OPS = tuple(n for n in OPS if n not in ("input", "output", "graph_kernel", "accum"))
+
+
+def op_def(name: str) -> OpDef:
+    """The table row of ``name``, or a clear error listing the known ops."""
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ShapeError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None

@@ -1,0 +1,44 @@
+"""Human-readable listing of a µGraph (what ``tuner show`` prints)."""
+
+from __future__ import annotations
+
+from .dims import fmt_shape
+from .graph import BlockGraph, Graph, KernelGraph
+
+
+def _label(graph: Graph, tid: int) -> str:
+    return graph.tensors[tid].name or f"t{tid}"
+
+
+def _attrs(op) -> str:
+    shown = {k: v for k, v in op.attrs.items() if k not in ("block_graph", "shape", "dtype")}
+    return ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in shown.items())
+
+
+def _lines(graph: Graph, indent: str) -> list[str]:
+    lines = []
+    for op in graph.ops:
+        args = ", ".join(_label(graph, t) for t in op.inputs)
+        extra = _attrs(op)
+        call = f"{op.kind}({', '.join(x for x in (args, extra) if x)})"
+        if not op.outputs:
+            lines.append(f"{indent}{call}")
+            continue
+        outs = ", ".join(_label(graph, t) for t in op.outputs)
+        info = graph.tensors[op.outputs[0]]
+        where = f" [{info.stage}]" if isinstance(graph, BlockGraph) else ""
+        shapes = " ".join(fmt_shape(graph.tensors[t].shape) for t in op.outputs)
+        if op.kind == "input" and isinstance(graph, KernelGraph):
+            call = "input()"
+        lines.append(f"{indent}{outs} = {call}  : {shapes} {info.dtype}{where}")
+        if op.kind == "graph_kernel":
+            bg: BlockGraph = op.attrs["block_graph"]
+            lines.append(f"{indent}  block graph: grid={list(bg.grid)} "
+                         f"forloop_range={bg.forloop_range} block={list(bg.block)}")
+            lines.extend(_lines(bg, indent + "    "))
+    return lines
+
+
+def format_graph(graph: KernelGraph) -> str:
+    """One line per op with shapes; graph-defined kernels show their block graph indented."""
+    return "\n".join(_lines(graph, ""))
