@@ -1,6 +1,6 @@
 """µGraph IR, op table, program builder and program files (imports nothing else of ours)."""
 
-from .dims import ShapeError, SymDim
+from .dims import ShapeError, SymDim, fmt_shape
 from .graph import BlockGraph, KernelGraph, Tensor, new_block_graph, new_kernel_graph
 from .ops import ACCUM_KINDS, DTYPES, OPS, OpDef
 from .printing import format_graph
@@ -8,6 +8,6 @@ from .serialize import GraphFormatError, from_json, structural_hash, to_json
 
 __all__ = [
     "ACCUM_KINDS", "DTYPES", "OPS", "BlockGraph", "GraphFormatError", "KernelGraph", "OpDef",
-    "ShapeError", "SymDim", "Tensor", "format_graph", "from_json", "new_block_graph",
+    "ShapeError", "SymDim", "Tensor", "fmt_shape", "format_graph", "from_json", "new_block_graph",
     "new_kernel_graph", "structural_hash", "to_json",
 ]

@@ -32,7 +32,7 @@ class TensorInfo:
     shape: tuple[Dim, ...]
     dtype: str
     name: str | None = None
-    stage: str = "kernel"  # kernel-level tensors; in block graphs "body" (per iteration) or "epilogue"
+    stage: str = "kernel"  # in block graphs: "body", "invariant" or "epilogue" (BlockGraph._stage)
 
 
 class Tensor:
@@ -254,9 +254,10 @@ class BlockGraph(Graph):
 
     ``grid`` (≤ 3 dims) and ``forloop_range`` may be symbols.  Inputs read a tile of a kernel
     tensor: ``imap[g]`` names the tensor dim that grid dim ``g`` splits (-1 replicates) and
-    ``fmap`` the dim the for-loop walks (-1: the whole tile every iteration).  Ops on body
+    ``fmap`` the dim the for-loop walks (-1: the same tile every iteration).  Ops on body
     tiles run every iteration; ``accum`` folds them over the loop; ops on accumulated tiles
-    run once after it (the epilogue); outputs take epilogue tiles and ``omap`` places them.
+    run once after it (the epilogue) and may also read loop-invariant tiles; outputs take
+    epilogue tiles and ``omap`` places them.
     """
 
     level = BLOCK
@@ -300,16 +301,20 @@ class BlockGraph(Graph):
 
     # --- shape rules specific to the block level ------------------------------------------
     def _stage(self, kind: str, ins: Sequence[TensorInfo]) -> str:
+        """body: varies per iteration; invariant: same every iteration; epilogue: after."""
         stages = {t.stage for t in ins}
         if kind == "accum":
-            if stages != {"body"}:
-                raise ShapeError("accum: its operand must be a per-iteration (body) tile, "
+            if "epilogue" in stages:
+                raise ShapeError("accum: its operand must be a per-iteration tile, "
                                  "not an already accumulated one")
             return "epilogue"
-        if len(stages) > 1:
+        if {"body", "epilogue"} <= stages:
             raise ShapeError(f"{kind}: mixes per-iteration tiles with accumulated ones; "
                              "pass the per-iteration tile through accum first")
-        return stages.pop() if stages else "body"
+        for stage in ("epilogue", "body"):
+            if stage in stages:
+                return stage
+        return "invariant"
 
     def _infer(self, kind: str, inputs: Sequence[int], attrs: dict) -> list[TensorInfo]:
         if kind == "input":
@@ -350,7 +355,7 @@ class BlockGraph(Graph):
         except ShapeError as err:
             raise ShapeError(f"{where}: {err} (imap {imap}, fmap {fmap}, grid {self.grid}, "
                              f"forloop_range {self.forloop_range})") from None
-        return TensorInfo(tuple(tile), dtype, stage="body")
+        return TensorInfo(tuple(tile), dtype, stage="body" if fmap >= 0 else "invariant")
 
     def _place(self, tile: tuple[Dim, ...], attrs: dict) -> tuple[Dim, ...]:
         """The kernel-level shape of an output tile laid out over the grid by ``omap``."""

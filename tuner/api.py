@@ -1,0 +1,71 @@
+"""The Python API the CLI stands on: programs, graphs, verification."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from search import GraphFormatError, KernelGraph, ShapeError, format_graph, from_json, to_json
+from search.handwritten import handwritten
+from search.lang import Program, ProgramError
+from search.suite import builtin_names, load_program, small_instance
+from verifier import DEFAULT_TESTS, Verdict, equivalent
+
+
+class InputError(ValueError):
+    """A bad argument to the API (the CLI prints it as one line, exit code 2)."""
+
+
+# Everything a user can get wrong in an input; the CLI turns these into exit code 2.
+INPUT_ERRORS = (InputError, ProgramError, GraphFormatError, ShapeError, FileNotFoundError)
+
+__all__ = ["DEFAULT_TESTS", "INPUT_ERRORS", "InputError", "format_graph", "list_programs", "load_graph",
+           "load_program", "program_graph", "small_instance", "to_json", "verify_files"]
+
+
+def list_programs() -> list[dict[str, Any]]:
+    """Every built-in program with its default shapes, parameters and description."""
+    rows = []
+    for name in builtin_names():
+        p = load_program(name)
+        rows.append({"name": name, "inputs": {n: list(s) for n, s in p.inputs.items()},
+                     "params": p.params, "dtype": p.dtype, "description": p.description})
+    return rows
+
+
+def program_graph(spec: str, overrides: Mapping[str, Any] | None = None, *,
+                  fused: bool = False, config: Mapping[str, int] | None = None
+                  ) -> KernelGraph:
+    """The reference graph of a program, or its hand-written fused structure."""
+    program: Program = load_program(spec, overrides)
+    if not fused:
+        return program.build()
+    try:
+        graph = handwritten(program)
+    except KeyError as err:
+        raise InputError(str(err.args[0])) from None
+    return graph.bind(config) if config else graph
+
+
+def load_graph(spec: str) -> KernelGraph:
+    """A µGraph JSON file, or a program (built-in name / program file) as its reference."""
+    path = Path(spec)
+    if path.suffix == ".json":
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise FileNotFoundError(f"{spec}: cannot read: {err.strerror}") from None
+        try:
+            return from_json(text)
+        except GraphFormatError as err:
+            raise GraphFormatError(f"{spec}: {err}") from None
+    return load_program(spec).build()
+
+
+def verify_files(reference: str, candidate: str, *, tests: int = DEFAULT_TESTS, seed: int = 0,
+                 config: Mapping[str, int] | None = None, arithmetic: str = "field") -> Verdict:
+    if tests < 1:
+        raise InputError(f"--tests {tests}: need at least one test")
+    return equivalent(load_graph(reference), load_graph(candidate), tests=tests, seed=seed,
+                      config=config, arithmetic=arithmetic)
