@@ -1,0 +1,114 @@
+"""The tuner database: programs, jobs, structures, trials, measurements and best kernels.
+
+Small public face (other packages use only this)::
+
+    database = db.connect("sqlite:///./tuner.db")   # or postgresql+psycopg://...
+    pid = database.record_program(hash, shapes, "float32", "rmsnorm_matmul", graph_json)
+    best = database.best_kernel(hash, shapes, "float32", device_key="cpu:x86_64")
+
+A new database is created at the current schema head; writes are idempotent on natural keys,
+so a retried task never duplicates a row. See docs/database.md.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import URL
+
+from db import migrate
+from db.engine import DEFAULT_URL, make_engine, normalize_url, sqlite_file
+from db.models import JOB_STATUSES, MEASUREMENT_STATUSES, SHARD_STATUSES, VERSION_TABLE
+from db.records import (
+    BestKernel,
+    DatabaseError,
+    HistoryEntry,
+    JobRecord,
+    MeasurementRecord,
+    MissingDriverError,
+    SchemaError,
+    StructureRecord,
+    config_hash,
+    shapes_key,
+)
+from db.store import Database
+
+__all__ = [
+    "DEFAULT_URL",
+    "JOB_STATUSES",
+    "MEASUREMENT_STATUSES",
+    "SHARD_STATUSES",
+    "VERSION_TABLE",
+    "BestKernel",
+    "Database",
+    "DatabaseError",
+    "HistoryEntry",
+    "JobRecord",
+    "MeasurementRecord",
+    "MissingDriverError",
+    "SchemaError",
+    "StructureRecord",
+    "config_hash",
+    "connect",
+    "current_revision",
+    "head_revision",
+    "normalize_url",
+    "shapes_key",
+    "upgrade",
+]
+
+
+def connect(url: str | URL | None = None, *, migrate_schema: bool = True) -> Database:
+    """Open the database at ``url`` (default ``sqlite:///./tuner.db``).
+
+    With ``migrate_schema`` (the default) a new database is created at the current head and an
+    older one is upgraded. Without it nothing is created or changed: a missing SQLite file, a
+    database without tuner tables, or one at another revision raises ``SchemaError`` saying
+    to run ``tuner db upgrade`` — the mode for read-only commands such as ``tuner best``.
+    """
+    parsed = normalize_url(url)
+    if not migrate_schema and parsed.get_backend_name() == "sqlite":
+        path = sqlite_file(parsed)
+        if path is not None and not path.exists():
+            raise SchemaError(
+                f"no database at {str(path)!r}: run `tuner launch JOB.yaml` to create one"
+                " (or `tuner db upgrade --db URL` for an empty one)"
+            )
+    database = Database(make_engine(parsed))
+    try:
+        if migrate_schema:
+            database.upgrade()
+        else:
+            _check_head(database)
+    except BaseException:
+        database.close()
+        raise
+    return database
+
+
+def _check_head(database: Database) -> None:
+    current, head = database.current_revision(), migrate.head_revision()
+    if current == head:
+        return
+    shown = database.engine.url.render_as_string(hide_password=True)
+    if current is None:
+        raise SchemaError(f"{shown} has no tuner tables: run `tuner db upgrade --db {shown}`")
+    raise SchemaError(
+        f"{shown} is at tuner schema revision {current!r}, this code needs {head!r}:"
+        f" run `tuner db upgrade --db {shown}`"
+    )
+
+
+def upgrade(url: str | URL | None = None, revision: str = "head") -> str | None:
+    """Create or upgrade the tuner tables at ``url``; returns the revision now current."""
+    with Database(make_engine(normalize_url(url))) as database:
+        return database.upgrade(revision)
+
+
+def current_revision(url: str | URL | None = None) -> str | None:
+    """The tuner schema revision of the database at ``url`` (None: no tuner tables)."""
+    with Database(make_engine(normalize_url(url))) as database:
+        return database.current_revision()
+
+
+def head_revision() -> str:
+    """The newest schema revision this code knows."""
+    return migrate.head_revision()

@@ -1,0 +1,287 @@
+"""Read-side queries. Each is a few indexed lookups; none writes.
+
+The best-kernel lookup is a point query on the unique key of ``tuner_best_kernels`` plus two
+primary-key joins, run through SQLAlchemy Core (no ORM identity map) on a pooled connection, so
+that ``tuner best`` stays in the low milliseconds however many measurements the database holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Engine, bindparam, func, select
+
+from db.models import BestKernel, Job, Measurement, Program, SearchShard, Structure, Trial
+from db.records import BestKernel as BestKernelRecord
+from db.records import (
+    HistoryEntry,
+    MeasurementRecord,
+    StructureRecord,
+    loads,
+    shapes_key,
+    utc,
+)
+
+_B, _S, _T = BestKernel.__table__.c, Structure.__table__.c, Trial.__table__.c
+
+# Built once with bind parameters and plain table columns: reusing one statement object skips
+# SQLAlchemy's per-call construction and result-metadata adaptation, which dominated the lookup.
+_BEST_BY_KEY = (
+    select(
+        _B.program_hash,
+        _B.shapes_key,
+        _B.dtype,
+        _B.device_key,
+        _B.structure_id,
+        _S.structure_hash,
+        _S.structure_json,
+        _B.trial_id,
+        _T.config_json,
+        _B.measurement_id,
+        _B.source,
+        _B.time_s,
+        _B.baseline_s,
+        _B.updated_at,
+    )
+    .select_from(BestKernel.__table__)
+    .join(Structure.__table__, _S.id == _B.structure_id)
+    .join(Trial.__table__, _T.id == _B.trial_id)
+    .where(
+        _B.program_hash == bindparam("program_hash"),
+        _B.shapes_key == bindparam("shapes_key"),
+        _B.dtype == bindparam("dtype"),
+    )
+)
+_BEST_ON_DEVICE = _BEST_BY_KEY.where(_B.device_key == bindparam("device_key"))
+_BEST_ALL_DEVICES = _BEST_BY_KEY.order_by(_B.time_s, _B.id)
+_BEST_ANY_DEVICE = _BEST_ALL_DEVICES.limit(1)
+
+
+def _best_record(row: Any) -> BestKernelRecord:
+    return BestKernelRecord(
+        program_hash=row.program_hash,
+        shapes_key=row.shapes_key,
+        dtype=row.dtype,
+        device_key=row.device_key,
+        structure_id=row.structure_id,
+        structure_hash=row.structure_hash,
+        structure=loads(row.structure_json),
+        trial_id=row.trial_id,
+        config=loads(row.config_json),
+        measurement_id=row.measurement_id,
+        source=row.source,
+        time_s=row.time_s,
+        baseline_s=row.baseline_s,
+        updated_at=utc(row.updated_at),
+    )
+
+
+def fetch_best_kernel(
+    conn: Connection, program_hash: str, shapes: Any, dtype: str, device_key: str | None
+) -> BestKernelRecord | None:
+    params = {"program_hash": program_hash, "shapes_key": shapes_key(shapes), "dtype": dtype}
+    if device_key is None:
+        row = conn.execute(_BEST_ANY_DEVICE, params).first()
+    else:
+        row = conn.execute(_BEST_ON_DEVICE, {**params, "device_key": device_key}).first()
+    return None if row is None else _best_record(row)
+
+
+def fetch_best_kernels(
+    conn: Connection, program_hash: str, shapes: Any, dtype: str
+) -> list[BestKernelRecord]:
+    params = {"program_hash": program_hash, "shapes_key": shapes_key(shapes), "dtype": dtype}
+    return [_best_record(row) for row in conn.execute(_BEST_ALL_DEVICES, params)]
+
+
+def fetch_program_id(conn: Connection, program_hash: str, shapes: Any, dtype: str) -> int | None:
+    return conn.execute(
+        select(Program.id).where(
+            Program.program_hash == program_hash,
+            Program.shapes_key == shapes_key(shapes),
+            Program.dtype == dtype,
+        )
+    ).scalar_one_or_none()
+
+
+def fetch_structures(conn: Connection, program_id: int) -> list[StructureRecord]:
+    rows = conn.execute(
+        select(Structure).where(Structure.program_id == program_id).order_by(Structure.id)
+    ).all()
+    return [
+        StructureRecord(
+            id=r.id,
+            program_id=r.program_id,
+            structure_hash=r.structure_hash,
+            structure=loads(r.structure_json),
+            verification=loads(r.verification_json),
+            num_kernels=r.num_kernels,
+            bytes_moved=r.bytes_moved,
+            created_at=utc(r.created_at),
+        )
+        for r in rows
+    ]
+
+
+def fetch_measurements(conn: Connection, trial_id: int) -> list[MeasurementRecord]:
+    rows = conn.execute(
+        select(Measurement)
+        .where(Measurement.trial_id == trial_id)
+        .order_by(Measurement.device_key, Measurement.attempt)
+    ).all()
+    return [
+        MeasurementRecord(
+            id=r.id,
+            trial_id=r.trial_id,
+            device_key=r.device_key,
+            attempt=r.attempt,
+            status=r.status,
+            median_s=r.median_s,
+            spread_s=r.spread_s,
+            samples=loads(r.samples_json),
+            max_error=r.max_error,
+            message=r.message,
+            host=r.host,
+            measured_at=utc(r.measured_at),
+        )
+        for r in rows
+    ]
+
+
+def fetch_history(
+    conn: Connection,
+    program_hash: str,
+    shapes: Any = None,
+    dtype: str | None = None,
+    device_key: str | None = None,
+    status: str | None = None,
+    limit: int | None = None,
+) -> list[HistoryEntry]:
+    stmt = (
+        select(
+            Measurement.__table__,
+            Structure.id.label("structure_id"),
+            Structure.structure_hash,
+            Program.shapes_key,
+            Program.dtype,
+            Trial.config_json,
+            Trial.study_name,
+            Trial.trial_number,
+        )
+        .join(Trial, Trial.id == Measurement.trial_id)
+        .join(Structure, Structure.id == Trial.structure_id)
+        .join(Program, Program.id == Structure.program_id)
+        .where(Program.program_hash == program_hash)
+        .order_by(Measurement.measured_at, Measurement.id)
+    )
+    if shapes is not None:
+        stmt = stmt.where(Program.shapes_key == shapes_key(shapes))
+    if dtype is not None:
+        stmt = stmt.where(Program.dtype == dtype)
+    if device_key is not None:
+        stmt = stmt.where(Measurement.device_key == device_key)
+    if status is not None:
+        stmt = stmt.where(Measurement.status == status)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    out = []
+    for row in conn.execute(stmt):
+        m = row
+        out.append(
+            HistoryEntry(
+                measurement_id=m.id,
+                trial_id=m.trial_id,
+                structure_id=row.structure_id,
+                structure_hash=row.structure_hash,
+                shapes_key=row.shapes_key,
+                dtype=row.dtype,
+                device_key=m.device_key,
+                config=loads(row.config_json),
+                study_name=row.study_name,
+                trial_number=row.trial_number,
+                attempt=m.attempt,
+                status=m.status,
+                median_s=m.median_s,
+                spread_s=m.spread_s,
+                max_error=m.max_error,
+                message=m.message,
+                host=m.host,
+                measured_at=utc(m.measured_at),
+            )
+        )
+    return out
+
+
+def count_rows(conn: Connection) -> dict[str, int]:
+    """Rows per tuner table (used by the summary and by duplicate-row checks)."""
+    tables = (Program, Job, SearchShard, Structure, Trial, Measurement, BestKernel)
+    return {
+        t.__tablename__: conn.execute(select(func.count()).select_from(t)).scalar_one()
+        for t in tables
+    }
+
+
+class Reads:
+    """The read methods of ``Database`` (kept here, next to their queries)."""
+
+    engine: Engine
+    _lookup: Engine  # the same pool, for single-statement reads (see db.engine)
+
+    def program_id(self, program_hash: str, shapes: Any, dtype: str) -> int | None:
+        with self._lookup.connect() as conn:
+            return fetch_program_id(conn, program_hash, shapes, dtype)
+
+    def shard_done(self, job_id: int, shard_key: str) -> bool:
+        with self._lookup.connect() as conn:
+            status = conn.execute(
+                select(SearchShard.status).where(
+                    SearchShard.job_id == job_id, SearchShard.shard_key == shard_key
+                )
+            ).scalar_one_or_none()
+        return status == "finished"
+
+    def finished_shards(self, job_id: int) -> set[str]:
+        with self._lookup.connect() as conn:
+            rows = conn.execute(
+                select(SearchShard.shard_key).where(
+                    SearchShard.job_id == job_id, SearchShard.status == "finished"
+                )
+            )
+            return set(rows.scalars())
+
+    def best_kernel(
+        self, program_hash: str, shapes: Any, dtype: str, device_key: str | None = None
+    ) -> BestKernelRecord | None:
+        """The best kernel on ``device_key``; with None, the fastest over all devices."""
+        with self._lookup.connect() as conn:
+            return fetch_best_kernel(conn, program_hash, shapes, dtype, device_key)
+
+    def best_kernels(self, program_hash: str, shapes: Any, dtype: str) -> list[BestKernelRecord]:
+        """The best kernel of every device key, fastest first."""
+        with self._lookup.connect() as conn:
+            return fetch_best_kernels(conn, program_hash, shapes, dtype)
+
+    def structures(self, program_id: int) -> list[StructureRecord]:
+        with self._lookup.connect() as conn:
+            return fetch_structures(conn, program_id)
+
+    def measurements(self, trial_id: int) -> list[MeasurementRecord]:
+        with self._lookup.connect() as conn:
+            return fetch_measurements(conn, trial_id)
+
+    def history(
+        self,
+        program_hash: str,
+        shapes: Any = None,
+        dtype: str | None = None,
+        device_key: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+    ) -> list[HistoryEntry]:
+        """Every measurement of a program (optionally narrowed), oldest first."""
+        with self._lookup.connect() as conn:
+            return fetch_history(conn, program_hash, shapes, dtype, device_key, status, limit)
+
+    def row_counts(self) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            return count_rows(conn)
