@@ -1,0 +1,256 @@
+"""The ``tuner`` command line: help, programs, show, verify and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from search import from_json, structural_hash, to_json
+from search.suite import builtin_names, load_program
+from tuner.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--set", "X=2x16", "--set", "W=16x16"]
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(err: str, command: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"tuner {command}: error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def graphs(tmp_path, capsys) -> dict[str, Path]:
+    """Reference, fused structure (bound) and a mutant of rmsnorm_matmul as JSON files."""
+    files = {}
+    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", *SMALL, "--json")
+    assert code == 0
+    files["ref"] = tmp_path / "ref.json"
+    files["ref"].write_text(out)
+    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", *SMALL, "--fused", "--config", "g0=2",
+                        "--config", "F=2", "--json")
+    assert code == 0
+    files["fused"] = tmp_path / "fused.json"
+    files["fused"].write_text(out)
+    doc = json.loads(out)
+    block = doc["ops"][2]["block_graph"]
+    rms = [op for op in block["ops"] if op.get("kind") == "rms"]
+    assert len(rms) == 1
+    rms[0]["kind"] = "mean"  # drops the sqrt
+    files["mutant"] = tmp_path / "mutant.json"
+    files["mutant"].write_text(json.dumps(doc))
+    return files
+
+
+# --- help and listings ------------------------------------------------------------------------
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("programs", "show", "verify", "PROGRAM"):
+        assert word in out
+    code, out, _ = _run(capsys)
+    assert code == 0 and "usage: tuner" in out
+
+
+def test_programs_lists_every_builtin_with_shapes(capsys):
+    code, out, _ = _run(capsys, "programs")
+    assert code == 0
+    for name in builtin_names():
+        program = load_program(name)
+        line = next(ln for ln in out.splitlines() if ln.startswith(name + " "))
+        for input_name, shape in program.inputs.items():
+            assert f"{input_name} {shape}" in line, line
+    assert "X (2, 4096), W (4096, 6144)" in out and "[params: batch=1]" in out
+
+
+def test_programs_json(capsys):
+    code, out, _ = _run(capsys, "programs", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["name"] for r in rows] == list(builtin_names())
+    row = rows[0]
+    assert row["inputs"] == {"X": [2, 4096], "W": [4096, 6144]} and row["dtype"] == "float16"
+
+
+def test_show_reference(capsys):
+    code, out, _ = _run(capsys, "show", "rmsnorm_matmul")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("X = input()") and "(2, 4096) float16" in lines[0]
+    assert any("rms_norm(X)" in ln for ln in lines)
+    assert any(ln.startswith("O = matmul(") and "(2, 6144)" in ln for ln in lines)
+    assert lines[-1].startswith("output(O)")
+
+
+def test_show_with_overrides(capsys):
+    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", "--set", "batch=8")
+    assert code == 0 and "(16, 4096)" in out and "(16, 6144)" in out
+
+
+def test_show_fused_json_round_trips(capsys):
+    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", "--fused", "--json")
+    assert code == 0
+    graph = from_json(out)
+    assert to_json(graph, indent=2) == out.rstrip("\n")
+    assert graph.symbols() == {"g0", "F"}
+    (bg,) = graph.block_graphs()
+    assert bg.grid == ("g0", 1, 1) and bg.forloop_range == "F"
+    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", "--fused", "--config", "g0=64",
+                        "--config", "F=16", "--json")
+    assert code == 0 and from_json(out).is_concrete()
+    code, plain, _ = _run(capsys, "show", "rmsnorm_matmul", "--fused")
+    assert code == 0 and "graph_kernel(X, W)" in plain and "accum(" in plain
+
+
+def test_show_json_of_reference_matches_the_api(capsys):
+    code, out, _ = _run(capsys, "show", "softmax_rows", "--json")
+    assert code == 0
+    assert structural_hash(from_json(out)) == structural_hash(load_program("softmax_rows").build())
+
+
+def test_show_program_file(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\ninputs: {X: [4, 8]}\nbody: |\n  O = exp(X) / sum(exp(X), 1)\n"
+                    "outputs: [O]\n")
+    code, out, _ = _run(capsys, "show", str(path))
+    assert code == 0 and "sum(" in out and "(4, 1)" in out
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["show", "nope"], "nope: not a built-in program"),
+    (["show", "rmsnorm_matmul", "--set", "batch"], "--set 'batch': write NAME=VALUE"),
+    (["show", "rmsnorm_matmul", "--set", "batch=0"], "a parameter must be a positive integer"),
+    (["show", "rmsnorm_matmul", "--fused", "--config", "g0=x"], "--config g0=x"),
+    (["show", "rmsnorm_matmul", "--fused", "--config", "g0=3", "--config", "F=3"],
+     "not divisible by 3"),
+])
+def test_show_bad_input_exits_2_with_one_line(capsys, argv, fragment):
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert fragment in _one_line_error(err, "show")
+
+
+# --- verify -------------------------------------------------------------------------------------
+
+def test_verify_equivalent_exits_0(capsys, graphs):
+    code, out, err = _run(capsys, "verify", str(graphs["ref"]), str(graphs["fused"]))
+    assert code == 0 and err == ""
+    assert out.startswith("EQUIVALENT: all 1 output(s) agree on 4 random tests")
+
+
+def test_verify_mutant_exits_1(capsys, graphs):
+    code, out, _ = _run(capsys, "verify", str(graphs["ref"]), str(graphs["mutant"]))
+    assert code == 1 and out.startswith("NOT EQUIVALENT: output 0 differs")
+    code, out, _ = _run(capsys, "verify", str(graphs["ref"]), str(graphs["mutant"]),
+                        "--arithmetic", "float", "--json")
+    verdict = json.loads(out)
+    assert code == 1 and verdict["equivalent"] is False and verdict["arithmetic"] == "float"
+
+
+def test_verify_program_file_against_structure_with_config(capsys, tmp_path):
+    program = tmp_path / "gated.yaml"
+    program.write_text("name: gated_mlp\ninputs:\n  X: [8, 64]\n  W1: [64, 64]\n"
+                       "  W2: [64, 64]\nbody: |\n  O = silu(matmul(X, W1)) * matmul(X, W2)\n"
+                       "outputs: [O]\n")
+    code, out, _ = _run(capsys, "show", str(program), "--fused", "--json")
+    assert code == 0
+    path = tmp_path / "gated.json"
+    path.write_text(out)
+    code, out, _ = _run(capsys, "verify", str(program), str(path), "--config", "g0=4",
+                        "--config", "F=8", "--tests", "2", "--seed", "3", "--json")
+    verdict = json.loads(out)
+    assert code == 0 and verdict["equivalent"] and verdict["tests"] == 2 and verdict["seed"] == 3
+    code, out, _ = _run(capsys, "verify", str(program), str(path))  # no config: a reason
+    assert code == 1 and "unbound symbols" in out
+
+
+def test_verify_malformed_json_exits_2(capsys, graphs, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": ')
+    code, out, err = _run(capsys, "verify", str(graphs["ref"]), str(bad))
+    assert code == 2 and out == ""
+    assert f"{bad}: not valid JSON" in _one_line_error(err, "verify")
+    doc = json.loads(graphs["fused"].read_text())
+    doc["ops"][2]["block_graph"]["ops"][2]["op"] = "matmult"
+    bad.write_text(json.dumps(doc))
+    code, _, err = _run(capsys, "verify", str(graphs["ref"]), str(bad))
+    line = _one_line_error(err, "verify")
+    assert code == 2 and f"{bad}: $.ops[2].block_graph.ops[2]: unknown op 'matmult'" in line
+
+
+def test_verify_missing_file_exits_2(capsys, graphs, tmp_path):
+    missing = tmp_path / "missing.json"
+    code, _, err = _run(capsys, "verify", str(missing), str(graphs["ref"]))
+    assert code == 2 and f"{missing}: cannot read" in _one_line_error(err, "verify")
+    code, _, err = _run(capsys, "verify", str(graphs["ref"]), str(tmp_path / "missing.yaml"))
+    assert code == 2 and "missing.yaml" in _one_line_error(err, "verify")
+
+
+def test_verify_malformed_program_file_exits_2_with_line(capsys, graphs, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ninputs: {X: [2, 16], W: [16, 16]}\nbody: |\n"
+                   "  N = rms_norm(X)\n  O = matmul(N, W\noutputs: [O]\n")
+    code, _, err = _run(capsys, "verify", str(bad), str(graphs["ref"]))
+    line = _one_line_error(err, "verify")
+    assert code == 2 and f"{bad}:5: syntax error in body" in line
+
+
+def test_verify_non_finite_constant_is_not_a_crash(capsys, graphs, tmp_path):
+    doc = json.loads(graphs["ref"].read_text())
+    rms = doc["ops"][2]
+    assert rms["op"] == "rms_norm"
+    for op in doc["ops"][3:]:  # tensor 2 becomes the scaled X, so later ids shift by one
+        op["in"] = [t + 1 if t >= 2 else t for t in op["in"]]
+    doc["ops"].insert(2, {"op": "mul_scalar", "in": [0], "scalar": float("inf")})
+    rms["in"] = [2]
+    from_json(json.dumps(doc).replace("Infinity", "1.0"))  # otherwise a valid document
+    path = tmp_path / "inf.json"
+    path.write_text(json.dumps(doc))
+    code, _, err = _run(capsys, "verify", str(graphs["ref"]), str(path))
+    assert code in (1, 2)
+    if code == 2:
+        _one_line_error(err, "verify")
+
+
+def test_verify_bad_tests_count_exits_2(capsys, graphs):
+    code, _, err = _run(capsys, "verify", str(graphs["ref"]), str(graphs["ref"]), "--tests", "0")
+    assert code == 2 and "--tests 0" in _one_line_error(err, "verify")
+
+
+def _tuner_command() -> list[str]:
+    script = Path(sys.executable).parent / "tuner"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tuner.cli"]
+
+
+def test_console_command_in_a_subprocess(graphs, tmp_path):
+    cmd = _tuner_command()
+    ok = subprocess.run([*cmd, "verify", str(graphs["ref"]), str(graphs["fused"])],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.startswith("EQUIVALENT"), ok.stderr
+    no = subprocess.run([*cmd, "verify", str(graphs["ref"]), str(graphs["mutant"])],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert no.returncode == 1 and no.stdout.startswith("NOT EQUIVALENT")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ninputs: {X: [2, 16]}\nbody: |\n  O = exp(X)\n  P = X.T\n"
+                   "outputs: [O]\n")
+    err = subprocess.run([*cmd, "verify", str(bad), str(graphs["ref"])],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert err.returncode == 2 and err.stdout == ""
+    assert err.stderr.strip().splitlines() == [
+        f"tuner verify: error: {bad}:5: 'X.T' is outside the program language "
+        "(use names, numbers, + - * / @ and op calls)"]
+    helped = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "verify" in helped.stdout
