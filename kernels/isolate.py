@@ -1,0 +1,364 @@
+"""Fault isolation: run a compiled kernel in a worker process that may die instead of us.
+
+A generated kernel can segfault, corrupt the heap or loop forever; the tuner must record that
+and carry on. `IsolatedWorker` keeps one 'spawn' process alive across jobs (a fresh process per
+job would cost ~0.2 s of Python + numpy start-up each time) and replaces it after a crash or a
+timeout. Arrays travel as .npy files in a per-worker directory on /dev/shm (RAM-backed), so no
+large pickles cross the pipe and nothing leaks into a shared-memory registry when a worker dies.
+
+Calling convention (see docs/devices.md): `extern "C" void kernel(float** inputs, float**
+outputs)`, every array float32 and C-contiguous, outputs pre-filled with NaN so an element the
+kernel forgets to write shows up as a wrong result.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.compile import DEFAULT_CPP_FLAGS, CompileError, compile_cpp
+
+STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result")
+_JOB_KEYS = {"library", "source", "flags", "function", "inputs", "outputs", "expected",
+             "rtol", "atol", "timing", "output_fill"}
+
+
+@dataclass
+class RunResult:
+    """Outcome of one isolated job. payload: outputs, timing (Timing.as_dict), errors, log."""
+
+    status: str
+    message: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+# ---------------------------------------------------------------- worker side
+
+
+def _aligned_empty(shape: tuple[int, ...], align: int = 64) -> np.ndarray:
+    """float32 array whose data starts on an `align`-byte boundary (full-width vector loads)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * 4
+    buf = np.empty(nbytes + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    return buf[off:off + nbytes].view(np.float32).reshape(shape)
+
+
+def _compare(outs: list[np.ndarray], expected: list[np.ndarray], rtol: float,
+             atol: float) -> tuple[list[float], str]:
+    """Max abs error per output and a message naming the first output out of tolerance."""
+    errs: list[float] = []
+    msg = ""
+    for i, (o, e) in enumerate(zip(outs, expected, strict=True)):
+        diff = np.abs(o.astype(np.float64) - e)
+        both_nan = np.isnan(o) & np.isnan(e)
+        bad = ~(diff <= atol + rtol * np.abs(e)) & ~both_nan
+        errs.append(float(np.max(np.where(both_nan, 0.0, np.nan_to_num(diff, nan=np.inf)),
+                                 initial=0.0)))
+        if bad.any() and not msg:
+            idx = np.unravel_index(int(np.argmax(bad)), o.shape)
+            msg = (f"output {i}: {int(bad.sum())} of {o.size} elements out of tolerance "
+                   f"(rtol={rtol}, atol={atol}); max abs error {errs[-1]:.3g}; first at index "
+                   f"{tuple(int(j) for j in idx)}: got {float(o[idx])!r}, "
+                   f"expected {float(e[idx])!r}")
+    return errs, msg
+
+
+def _run_job(msg: dict, libs: dict) -> dict:
+    import ctypes
+
+    from kernels.timing import measure
+
+    d = Path(msg["dir"])
+    lib = libs.get(msg["library"])
+    if lib is None:
+        lib = libs[msg["library"]] = ctypes.CDLL(msg["library"])
+    try:
+        fn = getattr(lib, msg["function"])
+    except AttributeError:
+        return {"status": "runtime_error", "message": (
+            f"function {msg['function']!r} is not exported by {msg['library']}; declare it "
+            f"extern \"C\" void {msg['function']}(float** inputs, float** outputs)")}
+    fptr = ctypes.POINTER(ctypes.c_float)
+    fn.argtypes = [ctypes.POINTER(fptr), ctypes.POINTER(fptr)]
+    fn.restype = None
+    inputs = []
+    for i in range(msg["n_inputs"]):
+        src = np.load(d / f"in{i}.npy", mmap_mode="r")  # one copy: file pages -> aligned
+        a = _aligned_empty(src.shape)
+        a[...] = src
+        inputs.append(a)
+    outputs = [_aligned_empty(tuple(s)) for s in msg["output_shapes"]]
+    for o in outputs:
+        o.fill(msg["output_fill"])
+    in_ptrs = (fptr * max(1, len(inputs)))(*[a.ctypes.data_as(fptr) for a in inputs])
+    out_ptrs = (fptr * max(1, len(outputs)))(*[a.ctypes.data_as(fptr) for a in outputs])
+
+    def call() -> None:
+        fn(in_ptrs, out_ptrs)
+
+    t0 = time.perf_counter()
+    call()
+    first_s = time.perf_counter() - t0
+    for i, o in enumerate(outputs):
+        np.save(d / f"out{i}.npy", o)
+    reply: dict = {"status": "ok", "message": "", "first_call_s": first_s}
+    if msg["n_expected"]:
+        expected = [np.load(d / f"exp{i}.npy", mmap_mode="r")
+                    for i in range(msg["n_expected"])]
+        errs, bad = _compare(outputs, expected, msg["rtol"], msg["atol"])
+        reply["max_abs_err"] = errs
+        if bad:
+            reply.update(status="wrong_result", message=bad)
+            return reply
+    if msg["timing"] is not None:
+        reply["timing"] = measure(call, **msg["timing"]).as_dict()
+    return reply
+
+
+def _worker_main(conn: Any, log_path: str) -> None:
+    """Serve jobs until the pipe closes. Output of the kernel (and crash reports) go to a log."""
+    import faulthandler
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    faulthandler.enable()  # a SIGSEGV leaves a Python-side trace in the log
+    libs: dict = {}
+    conn.send({"ready": os.getpid()})
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = _run_job(msg, libs)
+        except Exception as e:  # ctypes load errors, unreadable files, bad shapes...
+            reply = {"status": "runtime_error", "message": f"{type(e).__name__}: {e}"}
+        conn.send(reply)
+
+
+# ---------------------------------------------------------------- parent side
+
+
+def _shm_base() -> str:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def _validate(job: dict) -> dict:
+    """Normalize a job dict; raise ValueError naming the bad field and the fix."""
+    if not isinstance(job, dict):
+        raise ValueError(f"run_isolated: job must be a dict, got {type(job).__name__}")
+    unknown = set(job) - _JOB_KEYS
+    if unknown:
+        raise ValueError(f"run_isolated: unknown job keys {sorted(unknown)}; "
+                         f"allowed: {sorted(_JOB_KEYS)}")
+    if ("library" in job) == ("source" in job):
+        raise ValueError("run_isolated: give exactly one of job['library'] (path to a .so) "
+                         "or job['source'] (C++ code)")
+
+    def f32(name: str) -> list[np.ndarray]:
+        arrs = list(job.get(name) or [])
+        for i, a in enumerate(arrs):
+            if not isinstance(a, np.ndarray) or a.dtype != np.float32:
+                what = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+                raise ValueError(f"run_isolated: job[{name!r}][{i}] is {what}; the calling "
+                                 "convention takes float32 numpy arrays "
+                                 "(convert with np.asarray(x, dtype=np.float32))")
+        return arrs
+
+    inputs, expected = f32("inputs"), f32("expected")
+    shapes = []
+    for i, s in enumerate(job.get("outputs") or []):
+        s = (s,) if isinstance(s, int) else tuple(s)
+        if not all(isinstance(n, (int, np.integer)) and n >= 0 for n in s):
+            raise ValueError(f"run_isolated: job['outputs'][{i}]={s!r} is not a shape "
+                             "(a tuple of non-negative ints)")
+        shapes.append(tuple(int(n) for n in s))
+    if expected and [e.shape for e in expected] != shapes:
+        raise ValueError(f"run_isolated: job['expected'] shapes {[e.shape for e in expected]} "
+                         f"differ from job['outputs'] {shapes}")
+    timing = job.get("timing", {})
+    if timing is not None and not isinstance(timing, dict):
+        raise ValueError("run_isolated: job['timing'] must be a dict of kernels.timing.measure "
+                         "keyword arguments, or None to run once without timing")
+    return {
+        "library": str(Path(job["library"]).resolve()) if "library" in job else None,
+        "source": job.get("source"), "flags": tuple(job.get("flags", DEFAULT_CPP_FLAGS)),
+        "function": str(job.get("function", "kernel")),
+        "inputs": inputs, "expected": expected, "output_shapes": shapes,
+        "rtol": float(job.get("rtol", 1e-4)), "atol": float(job.get("atol", 1e-5)),
+        "timing": timing, "output_fill": float(job.get("output_fill", np.nan)),
+    }
+
+
+def _signal_text(code: int | None) -> str:
+    if code is None:
+        return "exit code unknown"
+    if code < 0:
+        try:
+            sig = signal.Signals(-code)
+            return f"signal {sig.name} ({signal.strsignal(sig) or ''})".replace(" ()", "")
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class IsolatedWorker:
+    """One persistent worker process; run() jobs on it, it is replaced after a crash or hang."""
+
+    def __init__(self, start_method: str = "spawn", startup_timeout_s: float = 60.0):
+        self._ctx = mp.get_context(start_method)
+        self._startup_timeout_s = startup_timeout_s
+        self._proc: Any = None
+        self._conn: Any = None
+        self._lock = threading.Lock()
+        self._dir = Path(tempfile.mkdtemp(prefix="tuner-worker-", dir=_shm_base()))
+        self._log = self._dir / "worker.log"
+        self._jobs = 0
+        self.starts = 0  # processes started so far; > 1 means some were replaced
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.is_alive() else None
+
+    def start(self) -> None:
+        """Start the process now (otherwise the first run() does it)."""
+        if self._proc is not None and self._proc.is_alive():
+            return
+        self._stop()
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker_main, args=(child, str(self._log)),
+                                 daemon=True, name="tuner-kernel-worker")
+        proc.start()
+        child.close()
+        if not parent.poll(self._startup_timeout_s):
+            proc.kill()
+            raise RuntimeError(f"kernel worker did not start within {self._startup_timeout_s} s")
+        parent.recv()
+        self._proc, self._conn = proc, parent
+        self.starts += 1
+
+    def _stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(5)
+        self._proc = self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> IsolatedWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _log_tail(self, offset: int, limit: int = 2000) -> str:
+        try:
+            with open(self._log, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return text[-limit:].strip()
+
+    def run(self, job: dict, timeout_s: float = 60.0) -> RunResult:
+        """Compile if needed, then run the job in the worker; never raises for kernel faults."""
+        t0 = time.perf_counter()
+        spec = _validate(job)
+        if spec["source"] is not None:
+            try:
+                spec["library"] = str(compile_cpp(spec["source"], flags=spec["flags"]))
+            except CompileError as e:
+                return RunResult("compile_error", f"{e.message}\n{e.log.strip()}",
+                                 {"log": e.log}, time.perf_counter() - t0)
+        with self._lock:
+            res = self._run_locked(spec, timeout_s)
+        res.wall_s = time.perf_counter() - t0
+        res.payload.setdefault("library", spec["library"])
+        return res
+
+    def _run_locked(self, spec: dict, timeout_s: float) -> RunResult:
+        self.start()
+        self._jobs += 1
+        jobdir = self._dir / f"job{self._jobs}"
+        jobdir.mkdir()
+        try:
+            for i, a in enumerate(spec["inputs"]):
+                np.save(jobdir / f"in{i}.npy", np.ascontiguousarray(a))
+            for i, a in enumerate(spec["expected"]):
+                np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
+            msg = {k: spec[k] for k in ("library", "function", "output_shapes", "rtol", "atol",
+                                        "timing", "output_fill")}
+            msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
+                       n_expected=len(spec["expected"]))
+            log_offset = self._log.stat().st_size if self._log.exists() else 0
+            what = f"kernel {spec['function']!r} from {Path(spec['library']).name}"
+            try:
+                self._conn.send(msg)
+                if not self._conn.poll(timeout_s):
+                    pid = self._proc.pid
+                    self._stop()
+                    return RunResult("timeout", f"{what} did not finish within {timeout_s:g} s; "
+                                     f"worker pid {pid} killed and will be replaced")
+                reply = self._conn.recv()
+            except (EOFError, OSError, BrokenPipeError):
+                self._proc.join(5)
+                code = self._proc.exitcode
+                self._stop()
+                tail = self._log_tail(log_offset)
+                # What the kernel or libc printed comes before faulthandler's Python trace.
+                said = tail.split("Fatal Python error")[0].strip()
+                return RunResult("runtime_error",
+                                 f"{what} crashed the worker ({_signal_text(code)})"
+                                 + (f"; it printed:\n{said}" if said else ""),
+                                 {"exitcode": code, "log": tail})
+            payload: dict[str, Any] = {k: v for k, v in reply.items()
+                                       if k not in ("status", "message")}
+            if reply["status"] in ("ok", "wrong_result"):
+                payload["outputs"] = [np.load(jobdir / f"out{i}.npy")
+                                      for i in range(len(spec["output_shapes"]))]
+            return RunResult(reply["status"], reply["message"], payload)
+        finally:
+            shutil.rmtree(jobdir, ignore_errors=True)
+
+
+_default: IsolatedWorker | None = None
+_default_lock = threading.Lock()
+
+
+def default_worker() -> IsolatedWorker:
+    """The process-wide worker used by run_isolated (closed at interpreter exit)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = IsolatedWorker()
+            atexit.register(_default.close)
+        return _default
+
+
+def run_isolated(job: dict, timeout_s: float = 60.0,
+                 worker: IsolatedWorker | None = None) -> RunResult:
+    """Run `job` on `worker` (default: a shared persistent one). See IsolatedWorker.run."""
+    return (worker or default_worker()).run(job, timeout_s)

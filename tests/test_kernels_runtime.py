@@ -1,0 +1,321 @@
+"""Device/runtime half of kernels/: compile, isolate, time, device specs. Real compilers, real
+crashes, real hangs; nothing mocked."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from kernels import devices
+from kernels.compile import CompileError, compile_cpp, normalize_arch, nvcc_available, nvcc_check
+from kernels.devices import (
+    GPU_SPECS,
+    cuda_available,
+    device_key,
+    get_spec,
+    local_cpu_spec,
+    roofline,
+)
+from kernels.isolate import IsolatedWorker, run_isolated
+from kernels.timing import measure
+
+N = 1 << 16
+ADD = r"""
+extern "C" void kernel(float** in, float** out) {
+  const float* a = in[0]; const float* b = in[1]; float* c = out[0];
+  #pragma omp parallel for
+  for (long i = 0; i < NELEM; ++i) c[i] = a[i] + b[i];
+}
+""".replace("NELEM", str(N))
+SEGV = r"""
+extern "C" void kernel(float** in, float** out) {
+  volatile float* wild = out[0] + (1L << 40);  /* ~4 TB past the buffer */
+  *wild = 1.0f;
+}
+"""
+HANG = r"""
+extern "C" void kernel(float** in, float** out) {
+  volatile long spin = 0;
+  for (;;) spin = spin + 1;
+}
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    """Every cache under a fresh directory, so misses are real misses."""
+    old = os.environ.get("TUNER_CACHE_DIR")
+    os.environ["TUNER_CACHE_DIR"] = str(tmp_path_factory.mktemp("tuner_cache"))
+    yield
+    if old is None:
+        os.environ.pop("TUNER_CACHE_DIR", None)
+    else:
+        os.environ["TUNER_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with IsolatedWorker() as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def ab():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal(N, dtype=np.float32), rng.standard_normal(N, dtype=np.float32)
+
+
+def _add_job(ab, **extra) -> dict:
+    a, b = ab
+    return {"source": ADD, "inputs": [a, b], "outputs": [(N,)], **extra}
+
+
+# ---------------------------------------------------------------- isolation
+
+
+def test_openmp_add_runs_isolated_and_matches(worker, ab):
+    a, b = ab
+    res = run_isolated(_add_job(ab, expected=[a + b], timing={"budget_s": 0.2}), 30, worker)
+    assert res.status == "ok", res.message
+    np.testing.assert_array_equal(res.payload["outputs"][0], a + b)
+    assert res.payload["max_abs_err"] == [0.0]
+    t = res.payload["timing"]
+    assert 0 < t["median_s"] < 0.1 and len(t["samples_s"]) >= 1
+
+
+def test_mismatch_is_wrong_result_with_max_error(worker, ab):
+    a, b = ab
+    res = run_isolated(_add_job(ab, expected=[a - b]), 30, worker)
+    assert res.status == "wrong_result"
+    assert "output 0" in res.message and "max abs error" in res.message
+    assert res.payload["max_abs_err"][0] == pytest.approx(float(np.max(np.abs(2 * b))), rel=1e-6)
+    assert "timing" not in res.payload  # a wrong kernel is not worth timing
+
+
+def test_unwritten_output_is_caught_by_nan_fill(worker, ab):
+    lazy = ADD.replace(f"< {N};", f"< {N - 1};")  # forgets the last element
+    a, b = ab
+    res = run_isolated({"source": lazy, "inputs": [a, b], "outputs": [(N,)],
+                        "expected": [a + b], "timing": None}, 30, worker)
+    assert res.status == "wrong_result"
+    assert f"index ({N - 1},)" in res.message and "got nan" in res.message
+
+
+def test_compile_error_reports_compiler_message(worker, ab):
+    bad = ADD.replace("c[i] = a[i] + b[i];", "c[i] = a[i] + undeclared_thing;")
+    res = run_isolated(_add_job(ab, source=bad), 30, worker)
+    assert res.status == "compile_error"
+    assert "undeclared_thing" in res.message and "was not declared" in res.message
+    assert "undeclared_thing" in res.payload["log"]
+
+
+def test_wild_write_is_runtime_error_and_pool_recovers(worker, ab):
+    a, b = ab
+    res = run_isolated(_add_job(ab, source=SEGV), 30, worker)
+    assert res.status == "runtime_error"
+    assert "SIGSEGV" in res.message
+    starts = worker.starts
+    again = run_isolated(_add_job(ab, expected=[a + b], timing=None), 30, worker)
+    assert again.status == "ok", again.message
+    assert worker.starts == starts + 1  # the dead worker was replaced
+
+
+def test_hang_times_out_and_pool_recovers(worker, ab):
+    a, b = ab
+    worker.start()
+    job = _add_job(ab, timing=None)
+    del job["source"]
+    job["library"] = compile_cpp(HANG)  # compile outside the timed part
+    t0 = time.perf_counter()
+    res = run_isolated(job, 1.0, worker)
+    took = time.perf_counter() - t0
+    assert res.status == "timeout", res.message
+    assert 1.0 <= took < 3.0
+    again = run_isolated(_add_job(ab, expected=[a + b], timing=None), 30, worker)
+    assert again.status == "ok", again.message
+
+
+def test_missing_symbol_is_runtime_error(worker, ab):
+    res = run_isolated(_add_job(ab, function="not_there", timing=None), 30, worker)
+    assert res.status == "runtime_error"
+    assert "not_there" in res.message and 'extern "C"' in res.message
+
+
+def test_bad_job_raises_clear_error(worker, ab):
+    a, b = ab
+    with pytest.raises(ValueError, match=r"job\['inputs'\]\[1\] is float64"):
+        run_isolated(_add_job(ab, inputs=[a, b.astype(np.float64)]), 30, worker)
+    with pytest.raises(ValueError, match="unknown job keys"):
+        run_isolated(_add_job(ab, timeing={}), 30, worker)
+
+
+# ---------------------------------------------------------------- compilers
+
+
+def test_compile_cache_hit_is_much_faster_and_concurrency_safe():
+    src = ADD + f"// {uuid.uuid4()}\n"
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(3) as pool:  # three racing misses of the same source
+        libs = list(pool.map(lambda _: compile_cpp(src), range(3)))
+    miss = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    hit = compile_cpp(src)
+    hit_s = time.perf_counter() - t0
+    assert len(set(libs)) == 1 and hit == libs[0]
+    assert hit_s < miss / 10
+    assert ctypes.CDLL(str(hit)).kernel  # a complete, loadable library
+    assert not list(hit.parent.glob("*.tmp"))
+    assert (hit.parent / (hit.stem + ".cpp")).read_text() == src
+    with pytest.raises(CompileError) as e:
+        compile_cpp("int broken( {")
+    assert "error" in e.value.log
+
+
+SMEM_CU = r"""
+extern "C" __global__ void tile_kernel(const float* __restrict__ x, float* __restrict__ y) {
+  __shared__ float tile[300];  /* 1200 bytes of static shared memory */
+  tile[threadIdx.x % 300] = x[threadIdx.x];
+  __syncthreads();
+  y[threadIdx.x] = tile[(threadIdx.x + 1) % 300];
+}
+__global__ void many_live_values(float* y, int n) {
+  float a[64];
+  #pragma unroll
+  for (int k = 0; k < 64; ++k) a[k] = y[k * n + threadIdx.x];
+  float s = 0.f;
+  #pragma unroll
+  for (int k = 0; k < 64; ++k) s += a[63 - k] * a[k] * y[k];
+  y[threadIdx.x] = s;
+}
+"""
+
+
+@pytest.mark.skipif(not nvcc_available(), reason="nvcc not installed (CUDA toolkit absent)")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_check_parses_registers_smem_and_spills(arch):
+    rep = nvcc_check(SMEM_CU, arch, flags=("-maxrregcount=24",))
+    assert rep.arch == arch and not rep.cached
+    tile = rep.kernel("tile_kernel")
+    assert tile.smem_bytes == 1200 and tile.barriers == 1
+    assert 0 < tile.registers <= 24 and not tile.spills
+    live = rep.kernel("many_live_values")  # mangled name, found by its bare name
+    assert live.name.startswith("_Z") and live.registers == 24
+    assert live.spill_stores > 0 and live.spill_loads > 0 and rep.any_spills
+    free = nvcc_check(SMEM_CU, arch)  # no register cap: no spills
+    assert not free.kernel("many_live_values").spills
+    again = nvcc_check(SMEM_CU, arch, flags=("-maxrregcount=24",))
+    assert again.cached and again.kernels == rep.kernels
+
+
+@pytest.mark.skipif(not nvcc_available(), reason="nvcc not installed (CUDA toolkit absent)")
+def test_nvcc_error_and_arch_names():
+    with pytest.raises(CompileError) as e:
+        nvcc_check("__global__ void k() { undefined_call(); }", "90")
+    assert "undefined_call" in e.value.log
+    assert normalize_arch("8.0") == "sm_80" and normalize_arch("sm90a") == "sm_90a"
+    with pytest.raises(ValueError, match="arch"):
+        normalize_arch("hopper")
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_timing_busy_loop_is_stable():
+    for _ in range(5):  # another process may steal the core for a whole budget; retry then
+        t = measure(lambda: _busy(0.002), target_rse=0.02, budget_s=1.0)
+        if t.stable and abs(t.median_s - 0.002) < 2e-4:
+            break
+    assert t.stable and t.stop_reason == "stable", t
+    assert t.median_s == pytest.approx(0.002, rel=0.1)
+    assert t.iqr_s < 0.1 * t.median_s and t.rse <= 0.02
+
+
+def test_timing_sleep_and_tiny_callables():
+    t = measure(lambda: time.sleep(0.001), budget_s=1.0)
+    assert 0.001 <= t.median_s < 0.005
+    tiny = measure(lambda: None, budget_s=0.3)
+    assert tiny.calls_per_sample > 1 and tiny.median_s < 2e-6
+
+
+def test_timing_adapts_to_noise_and_respects_budget():
+    rng = random.Random(1)
+    t = measure(lambda: _busy(rng.uniform(0.0005, 0.0015)), min_repeats=5, budget_s=0.3)
+    assert len(t.samples_s) > 20  # noise needs many more samples than a steady loop
+    assert t.total_s < 0.45
+    with pytest.raises(ValueError, match="min_repeats"):
+        measure(lambda: None, min_repeats=0)
+
+
+# ---------------------------------------------------------------- devices
+
+
+def test_cuda_available_reports_reason_without_raising():
+    ok, reason = cuda_available()
+    assert isinstance(ok, bool) and reason and "\n" not in reason
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        assert not ok and "cupy" in reason
+
+
+def test_cpu_device_key_names_model_and_cores():
+    kind, name, cores = device_key("cpu").split(":")
+    assert kind == "cpu" and cores == f"{len(os.sched_getaffinity(0))}c"
+    with open("/proc/cpuinfo") as f:
+        first_model = next(ln for ln in f if ln.startswith("model name")).split(":", 1)[1]
+    assert " ".join(first_model.split()) == name
+    with pytest.raises(ValueError, match="unknown device kind"):
+        device_key("tpu")
+
+
+def test_local_cpu_bandwidth_measured_once_and_cached():
+    t0 = time.perf_counter()
+    spec = local_cpu_spec(size_mb=32)
+    first = time.perf_counter() - t0
+    assert spec.kind == "cpu" and 1.0 < spec.mem_bandwidth_gbs < 2000
+    table = json.loads((devices.cache_root() / "cpu_bandwidth.json").read_text())
+    assert table[device_key("cpu")]["copy_gbs"] == spec.mem_bandwidth_gbs
+    devices._local_cpu_spec_cached.cache_clear()  # next call must come from the disk cache
+    t0 = time.perf_counter()
+    again = local_cpu_spec(size_mb=32)
+    assert again.mem_bandwidth_gbs == spec.mem_bandwidth_gbs
+    assert time.perf_counter() - t0 < first / 5
+
+
+def test_gpu_spec_table_and_name_matching():
+    a100, h100, h200 = GPU_SPECS["A100"], GPU_SPECS["H100"], GPU_SPECS["H200"]
+    assert (a100.arch, h100.arch, h200.arch) == ("sm_80", "sm_90", "sm_90")
+    assert a100.smem_per_block_optin == 163 * 1024 and h100.smem_per_block_optin == 227 * 1024
+    assert (a100.sm_count, h100.sm_count, h200.sm_count) == (108, 132, 132)
+    assert h200.mem_bandwidth_gbs > h100.mem_bandwidth_gbs > a100.mem_bandwidth_gbs
+    assert get_spec("cuda:NVIDIA H100 80GB HBM3:sm_90").sm_count == 132
+    assert get_spec("NVIDIA H100 PCIe").sm_count == 114
+    assert get_spec("NVIDIA A100-SXM4-80GB").arch == "sm_80"
+    with pytest.raises(KeyError, match="GPU_SPECS"):
+        get_spec("Voodoo 3")
+
+
+def test_roofline_regimes():
+    h100 = GPU_SPECS["H100"]
+    mem = roofline(3.35e9, 1e6, 0, h100)  # 3.35 GB at 3.35 TB/s
+    assert mem == pytest.approx(1e-3)
+    compute = roofline(1e3, 66.9e12, 0, h100)
+    assert compute == pytest.approx(1.0)
+    assert roofline(1e3, 989.4e9, 0, h100, tensor_cores=True) == pytest.approx(1e-3, rel=1e-3)
+    assert roofline(0, 0, 4, h100) == pytest.approx(4 * h100.launch_overhead_s)
+    with pytest.raises(ValueError, match="bytes_moved"):
+        roofline(-1, 0, 0, h100)
