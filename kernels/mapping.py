@@ -1,0 +1,222 @@
+"""AStitch's adaptive thread mapping, and the default config it gives a structure.
+
+The rule of thumb (AStitch, ASPLOS'22): a row-reduction kernel whose rows are fewer than the
+blocks one wave can hold and whose rows are long (> 1024) gets *task splitting* (each row cut
+across several blocks, partial sums combined in global memory); otherwise rows are *packed*:
+many short rows share a block (*horizontal packing*, a group of ``lanes`` threads per row), a
+long row fills a block on its own.  *Vertical packing* (a block walks several work items) keeps
+the blocks within one wave when a grid barrier needs every block resident.  The same rule
+gives the default config of a structure, which the tuner also uses as its prior.
+
+Device limits come from ``kernels.devices`` only.  On a CPU a "block" runs on one thread, a
+wave is one block per core, and the rule packs rows so a block's tile stays cache-sized.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping as MappingT
+from dataclasses import dataclass
+from itertools import product
+
+from kernels.devices import DeviceSpec
+from search import BlockGraph, KernelGraph, ShapeError
+
+KNOBS = ("block", "lanes", "split", "vpack")  # config keys that are not structure symbols
+LONG_ROW = 1024  # AStitch: rows longer than this are worth splitting across blocks
+ELEMS_PER_THREAD = 4  # a thread handles about this many elements of a long row
+CPU_TILE_ELEMS = 8192  # CPU: elements per block tile (32 KiB of floats: L1/L2 resident)
+ROW_OPS = frozenset({"input", "output", "accum", "sum", "mean", "rms_norm", "add", "sub", "mul",
+                     "div", "exp", "square", "sqrt", "silu", "sigmoid", "gelu", "relu",
+                     "mul_scalar"})
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """What the rule decides for ``rows`` rows of ``row_len`` elements."""
+
+    scheme: str  # horizontal | row | split
+    rows_per_block: int
+    threads: int
+    lanes: int
+    split: int
+    reason: str
+
+
+def pow2ceil(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is ≤ ``cap`` (at least 1): grids must divide exactly."""
+    for d in range(max(1, min(n, cap)), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def blocks_per_wave(spec: DeviceSpec, threads: int) -> int:
+    """Blocks that can be resident at once: the bound for a grid barrier to be safe."""
+    if spec.kind == "cpu":
+        return spec.sm_count
+    per_sm = min(spec.max_blocks_per_sm, spec.max_threads_per_sm // max(1, threads))
+    return spec.sm_count * max(1, per_sm)
+
+
+def astitch_rule(rows: int, row_len: int, spec: DeviceSpec) -> RowRule:
+    """Split when rows < blocks per wave and rows are longer than 1024, else pack."""
+    if rows < 1 or row_len < 1:
+        raise ValueError(f"astitch_rule: rows ({rows}) and row_len ({row_len}) must be ≥ 1")
+    gpu = spec.kind != "cpu"
+    big = min(spec.max_threads_per_block, 1024) if gpu else 1
+    wave = blocks_per_wave(spec, big)
+    if rows < wave and row_len > LONG_ROW:
+        cap = wave // rows if gpu else -(-wave // rows)
+        split = largest_divisor_at_most(row_len, cap)
+        if split >= 2:
+            return RowRule("split", 1, big, big, split,
+                           f"{rows} rows < {wave} blocks per wave and rows of {row_len} > "
+                           f"{LONG_ROW}: each row split across {split} blocks")
+    if not gpu:
+        rpb = max(1, CPU_TILE_ELEMS // row_len)
+        rpb = min(rpb, max(1, rows // (4 * spec.sm_count)))  # keep every core busy
+        rpb = largest_divisor_at_most(rows, rpb)
+        return RowRule("horizontal" if rpb > 1 else "row", rpb, 1, 1, 1,
+                       f"cpu: {rpb} row(s) of {row_len} per block (cache-sized tile)")
+    lanes = min(max(32, pow2ceil(-(-row_len // ELEMS_PER_THREAD))), big)
+    if lanes < 256:
+        rpb_max = big // lanes
+        wave_packed = blocks_per_wave(spec, big)
+        rpb = min(rpb_max, max(1, rows // wave_packed))
+        rpb = largest_divisor_at_most(rows, rpb)
+        threads = min(big, -(-rpb * lanes // 32) * 32)
+        scheme = "horizontal" if rpb > 1 else "row"
+        reason = (f"rows of {row_len}: {lanes} threads per row, {rpb} rows packed per "
+                  f"{threads}-thread block")
+        return RowRule(scheme, rpb, threads, lanes, 1, reason)
+    return RowRule("row", 1, lanes, lanes, 1,
+                   f"rows of {row_len}: one row per block of {lanes} threads")
+
+
+# ---------------------------------------------------------------- structures
+
+
+def is_row_form(bg: BlockGraph) -> bool:
+    """Elementwise ops and reductions over the last dim only, no for-loop: rows are
+    independent, so rows may be packed into blocks or split across them."""
+    if bg.forloop_range != 1:
+        return False
+    for op in bg.ops:
+        if op.kind not in ROW_OPS:
+            return False
+        if op.kind in ("sum", "mean") and op.attrs["dim"] != len(bg.tensors[op.inputs[0]].shape) - 1:
+            return False
+    return True
+
+
+def _constraints(graph: KernelGraph) -> list[tuple[int, tuple[str, ...]]]:
+    """(size, symbols): the product of the symbols' values must divide size."""
+    out = []
+    for bg in graph.block_graphs():
+        for op in bg.ops_of("input"):
+            shape, _ = bg.input_specs[op.attrs["index"]]
+            for d, size in enumerate(shape):
+                parts = [bg.grid[g] for g, m in enumerate(op.attrs["imap"]) if m == d]
+                if op.attrs["fmap"] == d:
+                    parts.append(bg.forloop_range)
+                fixed = math.prod(p for p in parts if isinstance(p, int))
+                syms = tuple(p for p in parts if isinstance(p, str))
+                if syms and isinstance(size, int) and size % fixed == 0:
+                    out.append((size // fixed, syms))
+    return out
+
+
+def _divisors(n: int, keep: int = 40, include: tuple[int, ...] = ()) -> list[int]:
+    """Divisors of ``n``; when there are many, a log-spaced subset plus ``include``."""
+    divs = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    divs = sorted(set(divs + [n // d for d in divs]))
+    if len(divs) > keep:
+        step = (len(divs) - 1) / (keep - 1)
+        divs = sorted({divs[round(i * step)] for i in range(keep)} |
+                      {d for d in include if n % d == 0})
+    return divs
+
+
+def _candidates(graph: KernelGraph, include: MappingT[str, int] | None = None
+                ) -> list[dict[str, int]]:
+    """Bindings of the structure's symbols that divide every dim they split."""
+    cons = _constraints(graph)
+    symbols = sorted(graph.symbols())
+    values = {}
+    for s in symbols:
+        g = 0
+        for size, syms in cons:
+            if s in syms:
+                g = math.gcd(g, size)
+        extra = (include[s],) if include and s in include else ()
+        values[s] = _divisors(g or 1, include=extra)
+    found = []
+    for combo in product(*(values[s] for s in symbols)):
+        binding = dict(zip(symbols, combo, strict=True))
+        if all(size % math.prod(binding[s] for s in syms) == 0 for size, syms in cons):
+            found.append(binding)
+    return found
+
+
+def _grid_blocks(bg: BlockGraph, binding: MappingT[str, int]) -> int:
+    return math.prod(binding.get(g, g) if isinstance(g, str) else g for g in bg.grid)
+
+
+def default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
+    """Bind a structure's symbols (and set the mapping knobs) by the AStitch rule.
+
+    Row-form kernels get the rows per block, threads, lanes and split the rule chooses.  Other
+    kernels (matmuls, attention) get about one wave of blocks and a for-loop step of ~64 along
+    the dim the loop walks: enough work per block to hide latency, tiles that fit.
+    """
+    symbols = sorted(graph.symbols())
+    bgs = graph.block_graphs()
+    config: dict[str, int] = {}
+    if bgs and all(is_row_form(bg) for bg in bgs):
+        bg = bgs[0]
+        out_shape = graph.tensors[graph.ops_of("graph_kernel")[0].outputs[0]].shape
+        rows, row_len = math.prod(out_shape[:-1]), out_shape[-1]
+        rule = astitch_rule(rows, row_len, spec)
+        want = rows // rule.rows_per_block
+        grid_syms = [g for g in bg.grid if isinstance(g, str)]
+        hint = {grid_syms[0]: want} if len(grid_syms) == 1 else None
+        candidates = _candidates(graph, hint) if symbols else [{}]
+
+        def score(b: MappingT[str, int]) -> tuple:
+            n = _grid_blocks(bg, b)
+            return (n < want, abs(math.log2(n / want)))
+
+        config.update(min(candidates, key=score))
+        config.update(block=rule.threads, lanes=rule.lanes, split=rule.split)
+        return config
+    candidates = _candidates(graph) if symbols else [{}]
+    if not candidates:
+        raise ShapeError(f"default_config: no binding of {symbols} divides the input shapes")
+    wave = blocks_per_wave(spec, 128) if spec.kind != "cpu" else 4 * spec.sm_count
+    cons = _constraints(graph)
+
+    def score_general(b: MappingT[str, int]) -> tuple:
+        blocks = max(_grid_blocks(bg, b) for bg in bgs) if bgs else 1
+        steps = [size // math.prod(b[s] for s in syms) for size, syms in cons
+                 if any(s == bg.forloop_range for bg in bgs for s in syms)]
+        step = min(steps) if steps else 64
+        return (abs(math.log2(blocks / wave)), abs(math.log2(max(1, step) / 64)))
+
+    config.update(min(candidates, key=score_general))
+    config["block"] = 1 if spec.kind == "cpu" else 128
+    return config
+
+
+def split_config(config: MappingT[str, int] | None) -> tuple[dict[str, int], dict[str, int]]:
+    """(symbol bindings, mapping knobs) of a config dict."""
+    config = dict(config or {})
+    knobs = {k: int(config.pop(k)) for k in KNOBS if k in config}
+    for k, v in knobs.items():
+        if v < 1:
+            raise ValueError(f"config: {k}={v} must be a positive integer")
+    return config, knobs

@@ -1,0 +1,345 @@
+"""Lowering and rendering: AStitch levels, thread mapping, shared-memory planning, and generated
+code checked against the float reference interpreter (C++ run here, CUDA compiled by nvcc).
+
+CUDA cannot run on this machine, so its thread mapping is also exercised by ``ThreadedCpp``: the
+C++ dialect with its hooks set to run each block as an OpenMP team of the plan's threads
+(barriers for __syncthreads, an exchange array for the lane sums).  A thread that skipped a
+barrier would hang the team, and a wrong stride would miss elements the NaN-filled outputs
+expose, so the strided-loop discipline the CUDA text relies on is tested for real.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from kernels.build import CpuKernel, build_cpu, check_plan, reference, tolerance
+from kernels.compile import nvcc_available, nvcc_check
+from kernels.devices import get_spec
+from kernels.isolate import IsolatedWorker
+from kernels.lower import concretize, lower
+from kernels.mapping import astitch_rule, blocks_per_wave, default_config
+from kernels.plan import Buffer, Level
+from kernels.render import CppDialect, render
+from kernels.stitch import plan_shared
+from search import ShapeError
+from search.handwritten import handwritten
+from search.suite import builtin_names, load_program, small_instance
+
+
+@pytest.fixture(scope="module")
+def worker():
+    old = os.environ.get("OMP_WAIT_POLICY")
+    os.environ["OMP_WAIT_POLICY"] = "passive"  # ThreadedCpp oversubscribes two cores
+    with IsolatedWorker() as w:
+        yield w
+    if old is None:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    else:
+        os.environ["OMP_WAIT_POLICY"] = old
+
+
+def structure(name: str, **shapes: str):
+    return handwritten(load_program(name, shapes) if shapes else small_instance(
+        load_program(name)))
+
+
+def small_config(g) -> dict[str, int]:
+    """Every symbol at 2 where that divides, else 1: several blocks and loop iterations."""
+    cfg = {}
+    for s in sorted(g.symbols()):
+        try:
+            g.bind({**{t: 1 for t in g.symbols()}, **cfg, s: 2})
+            cfg[s] = 2
+        except ShapeError:
+            cfg[s] = 1
+    return cfg
+
+
+def softmax(rows: int, cols: int):
+    return handwritten(load_program("softmax_rows", {"X": f"{rows}x{cols}"}))
+
+
+# ---------------------------------------------------------------- C++ against the reference
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_cpp_kernel_matches_float_reference(name, worker):
+    g = structure(name)
+    res = build_cpu(g, small_config(g), name=name, worker=worker)
+    assert res.status == "ok", res.message
+    assert res.max_abs_err and max(res.max_abs_err) < 1e-4
+    assert len(res.plan.kernels) == 1
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_reference_program_runs_end_to_end_as_predefined_kernels(name, worker):
+    """The program's own graph (matmul, exp, sum, rms_norm... as kernel ops) lowers to one
+    kernel per op with Global tensors between them, and matches the interpreter."""
+    program = small_instance(load_program(name))
+    res = build_cpu(program.build(), name=f"{name}_ref", worker=worker)
+    assert res.status == "ok", res.message
+    ops = [op for op in program.build().ops if op.kind not in ("input", "output")]
+    assert len(res.plan.kernels) == len(ops)
+    between = [b for b in res.plan.globals.values() if b.role == "tensor"]
+    assert all(b.level is Level.GLOBAL for b in between)
+
+
+def test_default_config_kernels_match_reference(worker):
+    for name in ("gqa", "ntrans", "lora"):
+        res = build_cpu(structure(name), name=name, worker=worker)
+        assert res.status == "ok", (name, res.message)
+
+
+def test_wrong_kernel_is_reported_as_wrong_result(worker):
+    g = structure("softmax_rows")
+    bound, _, _ = concretize(g, {"g0": 2}, get_spec("cpu"))
+    plan = lower(g, {"g0": 2}, "cpu", "sm")
+    broken = render(plan, "cpp").replace("expf(", "exp2f(")
+    res = check_plan(plan, bound, source=broken, worker=worker)
+    assert res.status == "wrong_result" and "out of tolerance" in res.message
+
+
+def test_in_process_cpu_kernel_agrees(worker):
+    g = structure("rmsnorm_residual")
+    res = build_cpu(g, {"g0": 4}, worker=worker)
+    assert res.ok
+    k = CpuKernel(res.plan, res.library)
+    x, r = (np.random.default_rng(1).standard_normal((16, 16)).astype(np.float32)
+            for _ in range(2))
+    got = k(x, r)
+    want = reference(g.bind({"g0": 4}), [x, r])
+    rtol, atol = tolerance("float32")
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------- stitching schemes
+
+
+def test_softmax_row_sum_is_regional_and_exp_chain_local():
+    plan = lower(softmax(64, 256), {"g0": 16}, "A100", "sm")
+    (k,) = plan.kernels
+    assert len(k.phases) == 1 and k.barrier == "none"
+    assert k.buffers["b_t2"].level is Level.REGIONAL  # the row sum, broadcast to its row
+    assert k.buffers["b_t1"].level is Level.REGIONAL  # exp tile, read again by the division
+    assert set(k.buffers) <= {"b_t1", "b_t2", "red"}  # div result: Local, stored to output
+    assert k.smem_bytes <= get_spec("A100").smem_per_block_default
+
+
+def test_elementwise_chains_stay_local():
+    """ntrans: add, mul, add between the two norms are one fused loop: no buffers for them."""
+    (k,) = lower(structure("ntrans"), {"g0": 2}, "cpu", "nt").kernels
+    assert not {"b_t4", "b_t5"} & set(k.buffers)
+    assert {b.level for b in k.buffers.values()} == {Level.REGIONAL}
+
+
+def test_split_rows_fall_back_to_global_with_barrier_or_kernel_split(worker):
+    plan = lower(softmax(64, 30000), None, "H100", "sm")
+    (k,) = plan.kernels
+    assert k.mapping.scheme.startswith("split") and k.mapping.split >= 2
+    assert k.buffers["p_t2"].level is Level.GLOBAL and k.buffers["p_t2"].role == "partial"
+    assert k.buffers["b_t1"].level is Level.GLOBAL  # exp tile read after the barrier
+    assert len(k.phases) == 2 and k.barrier == "grid" and plan.barriers == 1
+    assert k.blocks <= get_spec("H100").sm_count * 2
+    # the same scheme on this CPU, joined by a barrier and, forced past a wave, split in two
+    g = softmax(4, 4096)
+    joined = build_cpu(g, {"g0": 4, "split": 4}, worker=worker)
+    assert joined.ok, joined.message
+    assert joined.plan.kernels[0].barrier == "grid"
+    apart = build_cpu(g, {"g0": 4, "split": 4, "vpack": 1}, worker=worker)
+    assert apart.ok, apart.message
+    assert len(apart.plan.kernels) == 2 and apart.plan.barriers == 0
+
+
+def test_vertical_packing_keeps_a_barrier_kernel_within_one_wave():
+    spec = get_spec("H100")
+    plan = lower(softmax(4096, 1024), {"g0": 4096, "split": 4}, spec, "sm")
+    (k,) = plan.kernels
+    assert k.mapping.vpack > 1 and "vertical" in k.mapping.scheme
+    assert k.items == 4096 * 4 and k.barrier == "grid"
+    assert k.blocks <= blocks_per_wave(spec, k.mapping.threads) < k.items
+
+
+def test_shared_memory_overflow_downgrades_the_largest_buffer(worker):
+    spec = get_spec("A100")
+    g = softmax(64, 8192)
+    plan = lower(g, {"g0": 8, "block": 256, "lanes": 256, "split": 1}, spec, "sm")
+    (k,) = plan.kernels
+    assert k.buffers["b_t1"].level is Level.GLOBAL  # 8 x 8192 floats = 256 KiB > 48 KiB
+    assert k.buffers["b_t2"].level is Level.REGIONAL  # the row sums still fit
+    assert any("overflow" in n for n in k.notes)
+    assert k.smem_bytes <= spec.smem_per_block_default
+    bound, _, _ = concretize(g, {"g0": 8}, spec)
+    res = check_plan(plan, bound, worker=worker)  # the A100 plan, printed in C++
+    assert res.ok, res.message
+
+
+def test_plan_shared_reuses_dead_buffers_and_downgrades_one_at_a_time():
+    def buf(name, kib, live):
+        return Buffer(name, (kib * 256,), Level.REGIONAL, "tile", live=live)
+
+    a, b, c = buf("a", 8, (0, 1)), buf("b", 8, (2, 3)), buf("c", 4, (1, 2))
+    peak, notes = plan_shared([a, b, c], 48 * 1024)
+    assert a.offset == b.offset == 0 and c.offset == 8 * 1024 and peak == 12 * 1024
+    assert not notes
+    big, mid, small = buf("big", 30, (0, 3)), buf("mid", 20, (0, 3)), buf("small", 10, (0, 3))
+    peak, notes = plan_shared([small, mid, big], 48 * 1024)
+    assert big.level is Level.GLOBAL and mid.level is Level.REGIONAL
+    assert small.level is Level.REGIONAL and peak == 30 * 1024 and len(notes) == 1
+
+
+# ---------------------------------------------------------------- thread mapping
+
+
+@pytest.mark.parametrize("device", ["H100", "A100"])
+def test_astitch_rule_on_the_three_softmax_shapes(device):
+    spec = get_spec(device)
+    wide = astitch_rule(750000, 32, spec)
+    assert wide.scheme == "horizontal" and wide.lanes == 32 and wide.rows_per_block == 30
+    assert 750000 % wide.rows_per_block == 0 and wide.threads == 960
+    long = astitch_rule(64, 30000, spec)
+    assert long.scheme == "split" and long.split >= 2 and 30000 % long.split == 0
+    assert 64 * long.split <= spec.sm_count * 2  # one wave of 1024-thread blocks
+    mid = astitch_rule(4096, 1024, spec)
+    assert mid.scheme == "row" and mid.rows_per_block == 1 and mid.threads == 256
+    for shape, g0 in (((750000, 32), 25000), ((64, 30000), 64), ((4096, 1024), 4096)):
+        cfg = default_config(softmax(*shape), spec)
+        assert cfg["g0"] == g0, (shape, cfg)
+
+
+def test_cpu_rule_packs_rows_and_splits_only_few_long_rows():
+    spec = get_spec("cpu")
+    assert astitch_rule(4096, 1024, spec).scheme == "horizontal"
+    few = astitch_rule(1, 1 << 20, spec)
+    assert spec.sm_count == 1 or few.scheme == "split"
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+@pytest.mark.skipif(not nvcc_available(), reason="nvcc not on this machine")
+@pytest.mark.parametrize("device", ["A100", "H100"])
+def test_cuda_compiles_without_spills_within_shared_memory(device):
+    spec = get_spec(device)
+    plans = []
+    for name in builtin_names():
+        g = structure(name)
+        plans.append(lower(g, small_config(g), spec, name))
+    for shape in ((750000, 32), (64, 30000), (4096, 1024)):
+        plans.append(lower(softmax(*shape), None, spec, f"softmax_{shape[0]}x{shape[1]}"))
+    source = render(plans, "cuda")
+    assert "__syncthreads" in source and "__shared__" in source and "blockIdx" in source
+    assert "const half* __restrict__" in source  # float16 programs keep half in memory
+    report = nvcc_check(source, spec.arch)
+    for plan in plans:
+        for k in plan.kernels:
+            res = report.kernel(k.name)
+            assert not res.spills, (k.name, res)
+            assert res.smem_bytes == -(-k.smem_bytes // 4) * 4 <= spec.smem_per_block_default
+
+
+# ---------------------------------------------------------------- readable output
+
+
+def test_source_is_readable_and_has_the_entry_point():
+    g = structure("softmax_rows")
+    src = render(lower(g, {"g0": 2}, "cpu", "sm"), "cpp")
+    assert 'extern "C" void kernel(float** inputs, float** outputs)' in src
+    assert "#pragma omp parallel" in src and "#pragma omp for" in src
+    for op in ("t1 = exp(t0)", "t2 = sum(t1, dim=1)", "t3 = div(t1, t2)", "output(t4"):
+        assert f"// {op}" in src
+    assert "b_t1" in src and "in_X" in src
+
+
+def test_bad_configs_are_refused_with_the_fix():
+    g = structure("gqa")
+    with pytest.raises(ShapeError, match="missing"):
+        lower(g, {"g0": 2}, "cpu")
+    with pytest.raises(ShapeError, match="row-wise"):
+        lower(g, {"g0": 2, "g1": 2, "F": 2, "split": 2}, "cpu")
+    with pytest.raises(ValueError, match="divisor"):
+        lower(structure("softmax_rows"), {"g0": 2, "split": 3}, "cpu")
+    with pytest.raises(ShapeError, match="power of two"):
+        lower(structure("softmax_rows"), {"g0": 2, "block": 96, "lanes": 24}, "A100")
+
+
+# ---------------------------------------------------------------- the CUDA mapping, emulated
+
+
+class ThreadedCpp(CppDialect):
+    """Each block is an OpenMP team of the plan's thread count; see the module docstring."""
+
+    name = "cpp-threads"
+
+    def prelude(self, plans):
+        return ["#include <omp.h>", *super().prelude(plans)]
+
+    def threads(self, k):
+        return k.mapping.threads
+
+    def kernel_open(self, k, plan, params):
+        sig = [f"{'const ' if plan.globals[p].role == 'input' else ''}float* {p}"
+               for p in params] + ["float* ws"]
+        size = max(64, -(-k.smem_bytes // 64) * 64)
+        xch = -(-k.mapping.threads * 4 // 64) * 64
+        return [f"static void {k.name}({', '.join(sig)}) {{",
+                f"  float* const smem = static_cast<float*>(aligned_alloc(64, {size}));",
+                f"  float* const xch = static_cast<float*>(aligned_alloc(64, {xch}));"]
+
+    def kernel_close(self, k):
+        return ["  free(smem);", "  free(xch);", "}"]
+
+    def work_loop(self, k):
+        t = k.mapping.threads
+        return [f"for (int w = 0; w < {k.items}; ++w) {{", f"#pragma omp parallel num_threads({t})",
+                "{", "const int tid = omp_get_thread_num();",
+                f"if (omp_get_num_threads() != {t}) abort();"]
+
+    def work_loop_close(self, k):
+        return ["}", "}"]
+
+    def block_sync(self):
+        return ["#pragma omp barrier"]
+
+    def grid_sync(self, k):
+        return ["// grid barrier: the work items above all finished"]
+
+    def col_pragma(self, lp, accs):
+        return []
+
+    def group_sum(self, var, lanes):
+        if lanes == 1:
+            return []
+        first = f"(tid / {lanes}) * {lanes}"
+        return ["#pragma omp barrier", f"xch[tid] = {var};", "#pragma omp barrier",
+                f"{{ float t = 0.0f; for (int q = 0; q < {lanes}; ++q) t += xch[{first} + q]; "
+                f"{var} = t; }}", "#pragma omp barrier"]
+
+
+EMULATED = [
+    ("gqa", {}, {"g0": 2, "g1": 2, "F": 2, "block": 64}),
+    ("lora", {}, {"g0": 2, "F": 2, "block": 64}),
+    ("qknorm_gqa", {}, {"g0": 1, "g1": 2, "F": 4, "block": 32}),
+    ("softmax_rows", {"X": "6x16"}, {"g0": 1, "block": 64, "lanes": 16}),  # 6 rows, 4 groups
+    ("rmsnorm_residual", {"X": "6x48", "R": "6x48"}, {"g0": 3, "block": 64, "lanes": 32}),
+    ("softmax_rows", {"X": "4x512"}, {"g0": 4, "block": 64, "lanes": 64, "split": 4}),
+    ("ntrans", {"H": "4x256", "X": "4x256", "alpha": "4x256"},
+     {"g0": 2, "block": 32, "lanes": 8, "split": 4, "vpack": 3}),
+]
+
+
+@pytest.mark.parametrize(("name", "shapes", "config"), EMULATED)
+def test_gpu_thread_mapping_emulated_on_cpu(name, shapes, config, worker):
+    g = structure(name, **shapes)
+    spec = get_spec("H100")
+    plan = lower(g, config, spec, name)
+    assert all(k.mapping.threads == config["block"] for k in plan.kernels)
+    bound, _, _ = concretize(g, config, spec)
+    res = check_plan(plan, bound, source=ThreadedCpp().render(plan), worker=worker,
+                     timeout_s=60)
+    assert res.status == "ok", res.message
+    assert math.isfinite(max(res.max_abs_err))
