@@ -14,13 +14,15 @@ import math
 
 from .plan import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Store, View
 
-UNARY = {"exp": "expf({a})", "sqrt": "sqrtf({a})", "square": "({a} * {a})",
+UNARY = {"exp": "exp_f({a})", "sqrt": "sqrtf({a})", "square": "({a} * {a})",
          "relu": "fmaxf({a}, 0.0f)", "sigmoid": "sigmoid_f({a})",
          "silu": "({a} * sigmoid_f({a}))", "gelu": "gelu_f({a})"}
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-MATH = (("float sigmoid_f(float x)", "return 0.5f + 0.5f * tanhf(0.5f * x);"),
+# Both through exp_f (each dialect supplies one): sigmoid(x) = 1 / (1 + e^-x), and the tanh
+# form of gelu, 0.5·x·(1 + tanh(u)) = x·sigmoid(2u), with u = √(2/π)·(x + 0.044715·x³).
+MATH = (("float sigmoid_f(float x)", "return 1.0f / (1.0f + exp_f(-x));"),
         ("float gelu_f(float x)",
-         "return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));"))
+         "return x / (1.0f + exp_f(-1.5957691216057308f * (x + 0.044715f * x * x * x)));"))
 
 
 def flit(x: float) -> str:

@@ -44,6 +44,34 @@ GRID_BARRIER = """__device__ void grid_barrier(unsigned int* bar, unsigned int b
   }
   __syncthreads();
 }"""
+EXP_F = """static inline float exp_f(float x) {
+  // e^x = 2^n * e^r with |r| <= ln2/2 and e^r a degree-7 polynomial (about 1 ulp). No libm
+  // call and no float-to-int conversion, so `omp simd` loops vectorise it without -ffast-math:
+  // adding 1.5 * 2^23 rounds x*log2(e) to the integer n, which then sits in the low mantissa
+  // bits. 2^n is applied in two halves, so overflow gives inf and underflow gives denormals.
+  x = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
+  const float t = x * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
+  int k;
+  memcpy(&k, &t, 4);
+  k -= 0x4B400000;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int k1 = k >> 1, k2 = k - k1;
+  const int e1 = (k1 + 127) << 23, e2 = (k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &e1, 4);
+  memcpy(&s2, &e2, 4);
+  return p * s1 * s2;
+}"""
+PARALLEL_MIN_WORK = 1 << 18  # below this, forking threads costs more than it saves
 CUDA_TYPES = {"float16": ("half", "__half2float", "__float2half"),
               "bfloat16": ("__nv_bfloat16", "__bfloat162float", "__float2bfloat16")}
 
@@ -55,8 +83,9 @@ class CudaDialect(CStyle):
     fn_prefix = "__device__ __forceinline__"
 
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
-        lines = ["#include <cuda_fp16.h>", "#include <cuda_bf16.h>", *super().prelude(plans),
-                 GROUP_SUM]
+        lines = ["#include <cuda_fp16.h>", "#include <cuda_bf16.h>",
+                 f"{self.fn_prefix} float exp_f(float x) {{ return expf(x); }}",
+                 *super().prelude(plans), GROUP_SUM]
         return lines + ([GRID_BARRIER] if any(p.barriers for p in plans) else [])
 
     def ctype(self, dtype: str) -> str:
@@ -113,7 +142,8 @@ class CppDialect(CStyle):
     name = "cpp"
 
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
-        return ["#include <math.h>", "#include <stdlib.h>", *super().prelude(plans)]
+        return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F,
+                *super().prelude(plans)]
 
     def threads(self, k: Kernel) -> int:
         return 1
@@ -121,7 +151,10 @@ class CppDialect(CStyle):
     def kernel_open(self, k: Kernel, plan: KernelPlan, params: list[str]) -> list[str]:
         sig = [f"{'const ' if plan.globals[p].role == 'input' else ''}float* __restrict__ {p}"
                for p in params] + ["float* __restrict__ ws"]
-        lines = [f"static void {k.name}({', '.join(sig)}) {{", "#pragma omp parallel", "{"]
+        work = k.vblocks * sum(lp.rows * lp.cols for ph in k.phases for lp in ph.loops)
+        lines = [f"static void {k.name}({', '.join(sig)}) {{",
+                 f"#pragma omp parallel if({work} >= {PARALLEL_MIN_WORK})  // ~elements touched",
+                 "{"]
         if k.smem_bytes:
             size = -(-k.smem_bytes // 64) * 64
             lines.append(f"  float* const smem = static_cast<float*>(aligned_alloc(64, {size}));"
