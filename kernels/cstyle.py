@@ -36,6 +36,10 @@ class CStyle:
 
     name = "c"
     fn_prefix = "static inline"
+    # Print a matmul row by row (k outer, an axpy over the row's columns into a local array)
+    # instead of one dot product per element: vectorises on CPUs, would spill on GPUs.
+    matmul_by_rows = False
+    MATMUL_ROW_MAX = 4096
 
     # ---------------------------------------------------------------- hooks
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
@@ -76,7 +80,7 @@ class CStyle:
             raise NotImplementedError(f"{self.name}: cannot combine {lanes} lanes")
         return []
 
-    def col_pragma(self, lp: Loop, accs: list[str]) -> list[str]:
+    def col_pragma(self, lp: Loop | None, accs: list[str]) -> list[str]:
         return []
 
     def entry(self, plan: KernelPlan) -> list[str]:
@@ -113,6 +117,7 @@ class CStyle:
                  for b in k.buffers.values()]
         head += [f"//   note: {n}" for n in k.notes]
         self._k, self._plan = k, plan
+        self._mm_rows: set[str] = set()
         body: list[str] = []
         for p, phase in enumerate(k.phases):
             if p:
@@ -190,6 +195,8 @@ class CStyle:
         a = st.args
         if st.op == "load":
             return [f"const float {st.var} = {self._read(st.access[0], coords)};"]
+        if st.op == "matmul" and st.var in self._mm_rows:
+            return [f"const float {st.var} = m_{st.var}[c];"]
         if st.op in ("matmul", "reduce", "combine"):
             n = st.attrs["k"] if st.op == "matmul" else st.attrs["n"]
             q = "kk"
@@ -262,15 +269,21 @@ class CStyle:
         accs = [f"s_{red.dst}" for red in lp.reductions]
         row += [f"float {a} = 0.0f;" for a in accs]
         c0 = "c0" if split > 1 else "0"
+        start = f"{c0} + lane" if lanes > 1 else c0
+        end = f"{c0} + {width}" if split > 1 else str(width)
+        step = f"c += {lanes}" if lanes > 1 else "++c"
+        self._mm_rows = set()
+        if self.matmul_by_rows and width <= self.MATMUL_ROW_MAX:
+            for st in lp.col:
+                if isinstance(st, Let) and st.op == "matmul":
+                    row += self._matmul_row(st, coords, (start, end, step), width)
+                    self._mm_rows.add(st.var)
         cols = self._stmts(lp.col, coords, guards)
         for a, red in zip(accs, lp.reductions, strict=True):
             cols += [f"{a} += {red.src};  // {red.comment}" if red.comment else f"{a} += {red.src};"]
         if width == 1 and lanes == 1:
             row += [f"{{ const int c = {c0};", *_indent(cols), "}"]
         else:
-            start = f"{c0} + lane" if lanes > 1 else c0
-            end = f"{c0} + {width}" if split > 1 else str(width)
-            step = f"c += {lanes}" if lanes > 1 else "++c"
             row += self.col_pragma(lp, accs)
             row += [f"for (int c = {start}; c < {end}; {step}) {{", *_indent(cols), "}"]
         for a, red in zip(accs, lp.reductions, strict=True):
@@ -278,6 +291,20 @@ class CStyle:
         row += self._stmts(lp.row, coords, guards + (["lane == 0"] if lanes > 1 else []))
         inner += _indent(row) + ["}"]
         return out + _indent(inner) + ["}"] + self.block_sync()
+
+    def _matmul_row(self, st: Let, coords: list[str], cols: tuple[str, str, str],
+                    width: int) -> list[str]:
+        """``m_var[c] = Σ_k A[r, k]·B[k, c]`` for this thread's columns of the row."""
+        a, b = st.access
+        start, end, step = cols
+        arr = f"m_{st.var}"
+        col = f"for (int c = {start}; c < {end}; {step})"
+        return [f"// {st.comment} (row by row)", f"float {arr}[{width}];",
+                *self.col_pragma(None, []), f"{col} {arr}[c] = 0.0f;",
+                f"for (int kk = 0; kk < {st.attrs['k']}; ++kk) {{",
+                f"  const float a_k = {self._read(a, coords, _mul('kk', a.red))};",
+                *_indent(self.col_pragma(None, [])),
+                f"  {col} {arr}[c] += a_k * {self._read(b, coords, _mul('kk', b.red))};", "}"]
 
     def _uses_coord(self, lp: Loop, d: int) -> bool:
         for st in (*lp.hoisted, *lp.col, *lp.row):

@@ -140,6 +140,7 @@ class CppDialect(CStyle):
     """C++/OpenMP: a block runs on one thread (every stride is 1); blocks are an omp for."""
 
     name = "cpp"
+    matmul_by_rows = True
 
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
         return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F,
@@ -170,7 +171,7 @@ class CppDialect(CStyle):
     def grid_sync(self, k: Kernel) -> list[str]:
         return ["// grid barrier: the implicit barrier at the end of the omp for above"]
 
-    def col_pragma(self, lp: Loop, accs: list[str]) -> list[str]:
+    def col_pragma(self, lp: Loop | None, accs: list[str]) -> list[str]:
         return ["#pragma omp simd" + (f" reduction(+:{', '.join(accs)})" if accs else "")]
 
     def entry(self, plan: KernelPlan) -> list[str]:

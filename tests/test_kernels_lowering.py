@@ -343,3 +343,33 @@ def test_gpu_thread_mapping_emulated_on_cpu(name, shapes, config, worker):
                      timeout_s=60)
     assert res.status == "ok", res.message
     assert math.isfinite(max(res.max_abs_err))
+
+
+# ---------------------------------------------------------------- fused vs op by op
+
+
+def test_measure_program_times_both_sides_on_the_same_inputs(worker):
+    from kernels.measure import baseline, format_table, measure_program
+
+    program = load_program("softmax_rows", {"X": "64x256"})
+    m = measure_program(program, config={"g0": 8}, worker=worker,
+                        timing={"budget_s": 0.05, "min_repeats": 3})
+    assert m.status == "ok", m.message
+    assert m.kernel_s > 0 and m.baseline_s > 0
+    assert m.speedup == pytest.approx(m.baseline_s / m.kernel_s)
+    assert m.bytes_moved == 2 * 64 * 256 * 4 and m.achieved_gbs > 0 and m.copy_gbs > 0
+    assert m.max_error < 1e-5 and m.config["g0"] == 8
+    assert "| softmax_rows | ok |" in format_table([m])
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    (got,) = baseline(program.build(), [x])()
+    assert got.dtype == np.float32  # op by op in float32, like an unfused framework
+    np.testing.assert_allclose(got, reference(program.build(), [x])[0], rtol=1e-5)
+
+
+def test_measure_covers_multi_kernel_plans(worker):
+    from kernels.measure import measure_program
+
+    program = load_program("softmax_rows", {"X": "64x256"})
+    m = measure_program(program, config={"g0": 8, "split": 2, "vpack": 1}, worker=worker,
+                        timing={"budget_s": 0.05, "min_repeats": 3})
+    assert m.status == "ok" and m.kernels == 2  # kernel split, still correct
