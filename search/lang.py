@@ -54,6 +54,7 @@ class Program:
     description: str = ""
     source: str = "<string>"
     body_line: int = 1  # file line of the body's first line, for error messages
+    outputs_line: int | None = None
     shape_exprs: dict[str, list[Any]] = field(default_factory=dict)
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Program:
@@ -76,7 +77,8 @@ class Program:
                                                   self.source, n)
                   for n, s in self.inputs.items()}
         return Program(self.name, self.dtype, inputs, self.body, self.outputs, params,
-                       self.description, self.source, self.body_line, self.shape_exprs)
+                       self.description, self.source, self.body_line, self.outputs_line,
+                       self.shape_exprs)
 
     def build(self) -> KernelGraph:
         """The reference µGraph of this program."""
@@ -95,6 +97,8 @@ def _parse_shape_override(name: str, value: Any, where: str) -> tuple[int, ...]:
                            "NxM (for example 16x1024)") from None
     if not shape or any(d < 1 for d in shape):
         raise ProgramError(where, None, f"--set {name}={value}: dims must be positive")
+    if len(shape) > 4:
+        raise ProgramError(where, None, f"--set {name}={value}: tensors have 1 to 4 dims")
     return shape
 
 
@@ -180,10 +184,11 @@ def parse_program(text: str, source: str = "<string>") -> Program:
             raise ProgramError(source, k_node.start_mark.line + 1,
                                f"input {name}: shape must be a list of 1 to 4 dims")
         shape_exprs[name] = value
-    try:
-        shapes = {n: _eval_shape(e, params, source, n) for n, e in shape_exprs.items()}
-    except ProgramError as err:
-        raise ProgramError(source, line("inputs"), err.reason) from None
+        try:
+            _eval_shape(value, params, source, name)
+        except ProgramError as err:
+            raise ProgramError(source, k_node.start_mark.line + 1, err.reason) from None
+    shapes = {n: _eval_shape(e, params, source, n) for n, e in shape_exprs.items()}
     body = data["body"]
     if not isinstance(body, str):
         raise ProgramError(source, line("body"), "body is a block of assignments (use 'body: |')")
@@ -199,7 +204,8 @@ def parse_program(text: str, source: str = "<string>") -> Program:
     if not isinstance(name, str) or not name:
         raise ProgramError(source, line("name"), "name must be a non-empty string")
     program = Program(name, dtype, shapes, body, outputs, dict(params),
-                      str(data.get("description") or ""), source, body_line, shape_exprs)
+                      str(data.get("description") or ""), source, body_line, line("outputs"),
+                      shape_exprs)
     program.build()  # report body errors now, with their lines
     return program
 
@@ -244,11 +250,13 @@ class _Builder:
             value = self.expr(stmt.value)
             if not isinstance(value, Tensor):
                 raise self.fail(stmt, f"{target} would be a constant; only tensors can be named")
-            self.g.tensors[value.id].name = target
+            if value.id not in self.g.input_ids:  # `O = X` must not rename the input X
+                self.g.tensors[value.id].name = target
             self.env[target] = value
         for out in self.p.outputs:
             if out not in self.env:
-                raise ProgramError(self.p.source, None, f"output {out!r} is not defined in body "
+                raise ProgramError(self.p.source, self.p.outputs_line,
+                                   f"output {out!r} is not defined in body "
                                    f"(defined: {', '.join(self.env)})")
             self.g.mark_output(self.env[out])
         return self.g

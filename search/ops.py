@@ -8,9 +8,9 @@ table; none of them keeps its own list of ops.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .dims import Dim, ShapeError, fmt_shape
 
@@ -128,8 +128,8 @@ def _reduce_shape(name: str):
 
 def _scalar_shape(shapes: Sequence[Shape], attrs: dict) -> Shape:
     c = attrs.get("scalar")
-    if not isinstance(c, int | float) or isinstance(c, bool):
-        raise ShapeError(f"mul_scalar: attribute 'scalar' must be a number, got {c!r}")
+    if not isinstance(c, int | float) or isinstance(c, bool) or not math.isfinite(c):
+        raise ShapeError(f"mul_scalar: attribute 'scalar' must be a finite number, got {c!r}")
     attrs["scalar"] = float(c)
     return shapes[0]
 
@@ -143,11 +143,17 @@ def _accum_shape(shapes: Sequence[Shape], attrs: dict) -> Shape:
 
 
 # --- abstract expressions ----------------------------------------------------------------
-# Sizes appear as symbols-or-ints so that tile-level and tensor-level expressions of the
-# same computation compare equal after the search normalises them.
+# Terms over the program's inputs in the style of Mirage: ("var", name), ("cst", value),
+# ("add", a, b), ("mul", a, b), ("div", a, b), ("sum", e), ("exp", e), ("sqrt", e), and the
+# non-Lax functions.  Sums carry no size and no index: the abstraction is coarser than the
+# sized one (so pruning with it stays sound) and makes tile-level and tensor-level terms of the
+# same computation identical: sum over a tile then over the loop is sum(sum(e)) = sum(e).
 
-def _size(d: Dim) -> Any:
-    return d if isinstance(d, int) else str(d)
+INV = ("cst", "1/n")  # the normalisation constant of a mean, whatever n is
+
+
+def _neg(e: Expr) -> Expr:
+    return ("mul", ("cst", -1.0), e)
 
 
 def _abs_unary(tag: str):
@@ -155,39 +161,26 @@ def _abs_unary(tag: str):
 
 
 def _abs_binary(tag: str):
+    if tag == "sub":
+        return lambda e, s, a: ("add", e[0], _neg(e[1]))
     return lambda e, s, a: (tag, e[0], e[1])
 
 
-def _abs_matmul(e, s, a):
-    return ("sum", _size(s[0][-1]), ("mul", e[0], e[1]))
+def _abs_mean(e: Expr) -> Expr:
+    return ("mul", ("sum", e), INV)
 
 
-def _abs_sum(e, s, a):
-    return ("sum", _size(s[0][a["dim"]]), e[0])
-
-
-def _abs_mean(e, s, a):
-    n = _size(s[0][a["dim"]])
-    return ("div", ("sum", n, e[0]), ("const", n))
-
-
-def _abs_rms_norm(e, s, a):
-    n = _size(s[0][-1])
-    return ("div", e[0], ("sqrt", ("div", ("sum", n, ("mul", e[0], e[0])), ("const", n))))
+def _abs_rms(e: Expr) -> Expr:
+    return ("sqrt", _abs_mean(("mul", e, e)))
 
 
 def _abs_accum(e, s, a):
-    # the for-loop range is carried in attrs by the block graph when it asks
-    f = a.get("_forloop", "F")
-    kind = a["kind"]
+    kind, x = a["kind"], e[0]
     if kind == "no_red":
-        return ("sum", f, e[0])
-    n = ("x", f, _size(s[0][-1]))
-    total = ("sum", n, e[0]) if kind in ("sum", "mean") else ("sum", n, ("mul", e[0], e[0]))
+        return ("sum", x) if a.get("_loop", True) else x
     if kind == "sum":
-        return total
-    mean = ("div", total, ("const", n))
-    return mean if kind == "mean" else ("sqrt", mean)
+        return ("sum", x)
+    return _abs_mean(x) if kind == "mean" else _abs_rms(x)
 
 
 def _no_shape(shapes, attrs):  # pragma: no cover - never called for these ops
@@ -211,14 +204,17 @@ def _build() -> dict[str, OpDef]:
               doc="a kernel input (shape, dtype) or, in a block graph, a tile of one"),
         OpDef("output", 1, _BOTH, None, None, ("omap",),
               doc="marks a graph output; in a block graph, omap places the tile"),
-        OpDef("matmul", 2, _BOTH, _matmul_shape, _abs_matmul, doc="a @ b over the last two dims"),
-        OpDef("mul_scalar", 1, _BOTH, _scalar_shape, lambda e, s, a: ("mul", e[0], ("const", a["scalar"])),
+        OpDef("matmul", 2, _BOTH, _matmul_shape, lambda e, s, a: ("sum", ("mul", e[0], e[1])),
+              doc="a @ b over the last two dims"),
+        OpDef("mul_scalar", 1, _BOTH, _scalar_shape,
+              lambda e, s, a: ("mul", e[0], ("cst", float(a["scalar"]))),
               ("scalar",), elementwise=True, doc="x · c for a numeric constant c"),
-        OpDef("sum", 1, _BOTH, _reduce_shape("sum"), _abs_sum, ("dim",),
+        OpDef("sum", 1, _BOTH, _reduce_shape("sum"), lambda e, s, a: ("sum", e[0]), ("dim",),
               doc="sum over one dim, kept with size 1"),
-        OpDef("mean", 1, _BOTH, _reduce_shape("mean"), _abs_mean, ("dim",),
+        OpDef("mean", 1, _BOTH, _reduce_shape("mean"), lambda e, s, a: _abs_mean(e[0]), ("dim",),
               doc="mean over one dim, kept with size 1"),
-        OpDef("rms_norm", 1, _BOTH, _unary("rms_norm"), _abs_rms_norm,
+        OpDef("rms_norm", 1, _BOTH, _unary("rms_norm"),
+              lambda e, s, a: ("div", e[0], _abs_rms(e[0])),
               doc="x / sqrt(mean(x², last dim)), no weight, no epsilon"),
         OpDef("accum", 1, frozenset({BLOCK}), _accum_shape, _abs_accum, ("kind",),
               doc="for-loop accumulator: no_red (sum over iterations) or sum/mean/rms of the "

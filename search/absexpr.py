@@ -1,0 +1,178 @@
+"""Abstract-expression pruning: is this partial µGraph still on a path to the target?
+
+Every tensor of a µGraph has an abstract expression (the op table defines one per op).  The
+target program's output expressions are saturated *once* with egglog under Mirage's axioms
+(commutativity, associativity, distributivity, division rules, sum commutation, sums of sums
+and factoring constants out of sums).  A new tensor survives only if its expression is
+represented in that e-graph, i.e. it is equal, under the axioms, to a subexpression of some
+form of the target.  Membership is a bottom-up hash-cons lookup in a Python dict built from
+the serialized e-graph, so each check costs microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import egglog.bindings as egg
+
+from .graph import BlockGraph, Graph, KernelGraph
+from .ops import OPS, Expr
+
+_FUNCS = {"add": "Add", "mul": "Mul", "div": "Div", "sum": "Sum", "exp": "Exp", "sqrt": "Sqrt",
+          "silu": "Silu", "sigmoid": "Sigmoid", "gelu": "Gelu", "relu": "Relu"}
+_ARITY = {"add": 2, "mul": 2, "div": 2}
+
+_AXIOMS = """
+(rewrite (Add a b) (Add b a))
+(rewrite (Mul a b) (Mul b a))
+(birewrite (Add a (Add b c)) (Add (Add a b) c))
+(birewrite (Mul a (Mul b c)) (Mul (Mul a b) c))
+(birewrite (Mul a (Add b c)) (Add (Mul a b) (Mul a c)))
+(birewrite (Add (Div a b) (Div c b)) (Div (Add a c) b))
+(birewrite (Mul a (Div b c)) (Div (Mul a b) c))
+(birewrite (Div (Div a b) c) (Div a (Mul b c)))
+(birewrite (Sum (Sum a)) (Sum a))
+(birewrite (Sum (Add a b)) (Add (Sum a) (Sum b)))
+(birewrite (Sum (Mul a b)) (Mul (Sum a) b))
+(birewrite (Sum (Div a b)) (Div (Sum a) b))
+"""
+
+
+def to_sexpr(term: Expr) -> str:
+    tag = term[0]
+    if tag == "var":
+        return f'(Var "{term[1]}")'
+    if tag == "cst":
+        return f'(Cst "{term[1]}")'
+    return f"({_FUNCS[tag]} {' '.join(to_sexpr(t) for t in term[1:])})"
+
+
+@dataclass
+class SaturatedTarget:
+    """The target's e-graph as a hash-cons: (function, child classes) → class."""
+
+    roots: list[str]
+    table: dict[tuple, str]
+    nodes: int
+    iterations: int
+    saturated: bool
+    seconds: float
+    _memo: dict[Any, str | None] = field(default_factory=dict)
+
+    def eclass(self, term: Expr) -> str | None:
+        """The e-class representing ``term``, or None when it is not a target subexpression."""
+        hit = self._memo.get(term, False)
+        if hit is not False:
+            return hit  # type: ignore[return-value]
+        tag = term[0]
+        if tag == "cls":  # an already-resolved e-class standing in for a subterm
+            return term[1]
+        if tag in ("var", "cst"):
+            leaf = self.table.get(("leaf", f'"{term[1]}"'))
+            result = leaf and self.table.get(("Var" if tag == "var" else "Cst", leaf))
+        else:
+            kids = [self.eclass(t) for t in term[1:]]
+            result = None if None in kids else self.table.get((_FUNCS[tag], *kids))
+        self._memo[term] = result
+        return result
+
+    def contains(self, term: Expr) -> bool:
+        return self.eclass(term) is not None
+
+    def apply(self, kind: str, classes: list[str], shapes: list, attrs: dict) -> str | None:
+        """The e-class of op ``kind`` applied to operands already known by e-class: a few
+        dict lookups, however deep the operands' own expressions are."""
+        term = OPS[kind].abstract([("cls", c) for c in classes], shapes, attrs)
+        return self.eclass(term)
+
+
+def saturate(outputs: Iterable[Expr], *, max_nodes: int = 50_000, max_iterations: int = 30,
+             time_limit_s: float = 20.0) -> SaturatedTarget:
+    """Saturate the target expressions under the axioms (bounded; ``saturated`` says if the
+    fixpoint was reached — if not, pruning may lose structures and the stats report it)."""
+    start = time.perf_counter()
+    eg = egg.EGraph()
+    decl = ["(datatype M (Var String) (Cst String) (Add M M) (Mul M M) (Div M M) (Sum M)"
+            " (Exp M) (Sqrt M) (Silu M) (Sigmoid M) (Gelu M) (Relu M))", _AXIOMS]
+    outputs = list(outputs)
+    for i, term in enumerate(outputs):
+        decl.append(f"(let $out{i} {to_sexpr(term)})")
+    eg.run_program(*eg.parse_program("\n".join(decl)))
+    iterations, saturated, nodes = 0, False, 0
+    while iterations < max_iterations:
+        reports = eg.run_program(*eg.parse_program("(run 1)"))
+        iterations += 1
+        nodes = _size(eg)
+        updated = any(getattr(r, "report", None) and r.report.updated for r in reports)
+        if not updated:
+            saturated = True
+            break
+        if nodes > max_nodes or time.perf_counter() - start > time_limit_s:
+            break
+    table, roots = _hashcons(eg, len(outputs))
+    return SaturatedTarget(roots, table, nodes, iterations, saturated,
+                           time.perf_counter() - start)
+
+
+def _size(eg: egg.EGraph) -> int:
+    data = json.loads(eg.serialize([]).to_json())
+    return len(data["nodes"])
+
+
+def _hashcons(eg: egg.EGraph, n_outputs: int) -> tuple[dict[tuple, str], list[str]]:
+    data = json.loads(eg.serialize([]).to_json())
+    nodes = data["nodes"]
+    table: dict[tuple, str] = {}
+    for node in nodes.values():
+        op, kids = node["op"], tuple(nodes[c]["eclass"] for c in node["children"])
+        key = ("leaf", op) if op.startswith('"') else (op, *kids)
+        table[key] = node["eclass"]
+    return table, []
+
+
+class Expressions:
+    """Abstract expressions of every tensor of a graph, computed from the op table."""
+
+    @staticmethod
+    def of_kernel_graph(graph: KernelGraph, names: Mapping[int, str] | None = None
+                        ) -> dict[int, Expr]:
+        exprs: dict[int, Expr] = {}
+        for op in graph.ops:
+            if op.kind == "input":
+                t = op.outputs[0]
+                exprs[t] = ("var", (names or {}).get(t) or graph.tensors[t].name or f"in{t}")
+            elif op.kind == "graph_kernel":
+                bg: BlockGraph = op.attrs["block_graph"]
+                sub = Expressions.of_block_graph(bg, [exprs[t] for t in op.inputs])
+                outs = [sub[o.inputs[0]] for o in bg.ops_of("output")]
+                exprs.update(zip(op.outputs, outs, strict=True))
+            elif op.kind != "output":
+                exprs[op.outputs[0]] = Expressions.of_op(graph, op, exprs)
+        return exprs
+
+    @staticmethod
+    def of_block_graph(bg: BlockGraph, inputs: list[Expr]) -> dict[int, Expr]:
+        exprs: dict[int, Expr] = {}
+        for op in bg.ops:
+            if op.kind == "input":
+                exprs[op.outputs[0]] = inputs[op.attrs["index"]]
+            elif op.kind != "output":
+                exprs[op.outputs[0]] = Expressions.of_op(bg, op, exprs)
+        return exprs
+
+    @staticmethod
+    def of_op(graph: Graph, op, exprs: Mapping[int, Expr]) -> Expr:
+        attrs = dict(op.attrs)
+        if isinstance(graph, BlockGraph):
+            attrs["_loop"] = graph.forloop_range != 1
+        shapes = [graph.tensors[t].shape for t in op.inputs]
+        return OPS[op.kind].abstract([exprs[t] for t in op.inputs], shapes, attrs)
+
+
+def target_expressions(reference: KernelGraph) -> list[Expr]:
+    exprs = Expressions.of_kernel_graph(reference)
+    return [exprs[t] for t in reference.output_ids]
