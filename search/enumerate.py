@@ -118,6 +118,25 @@ class Context:
         consts = tuple(sorted({op.attrs["scalar"] for op in reference.ops_of("mul_scalar")}))
         return cls(reference, limits, target, [target.eclass(e) for e in outputs], consts)
 
+    def useful_ops(self, ops: tuple[str, ...]) -> tuple[str, ...]:
+        """Ops whose result could be in the target at all: the function at the top of their
+        abstract expression occurs in the saturated e-graph (sound: anything else is pruned
+        the moment it is built, so trying it is wasted work)."""
+        if not self.limits.prune:
+            return ops
+        present = {key[0] for key in self.target.table}
+        kept = []
+        for name in ops:
+            probe = OPS[name].abstract([("var", "a"), ("var", "b")][:OPS[name].arity or 1],
+                                       [(2, 2)] * 2, {"kind": "no_red", "_loop": True,
+                                                      "dim": 0, "scalar": 1.0})
+            top = {"add": "Add", "mul": "Mul", "div": "Div", "sum": "Sum", "exp": "Exp",
+                   "sqrt": "Sqrt", "silu": "Silu", "sigmoid": "Sigmoid", "gelu": "Gelu",
+                   "relu": "Relu"}.get(probe[0])
+            if top is None or top in present:
+                kept.append(name)
+        return tuple(kept)
+
     def keep(self, expr: Expr) -> bool:
         return not self.limits.prune or self.target.contains(expr)
 
@@ -272,6 +291,7 @@ class BlockSearch:
         self.kg, self.kexprs, self.classes, _ = ctx.prefix_graph(shard.prefix)
         self.stats = Stats()
         self.memo: dict[tuple, str | None] = {}
+        self.block_ops = ctx.useful_ops(ctx.limits.block_ops)
         grid = tuple(GRID_SYMBOLS[i] for i in range(len(shard.grid)))
         specs = [(self.kg.tensors[t].shape, self.kg.tensors[t].dtype) for t in shard.inputs]
         self.bg = BlockGraph(grid, "F" if shard.loop is not None else 1, (128,), specs)
@@ -319,7 +339,7 @@ class BlockSearch:
         floor = last_key[0] if last_key is not None else -1
         looped = bg.forloop_range != 1
         memo = self.memo
-        for kind in lim.block_ops:
+        for kind in self.block_ops:
             opdef = OPS[kind]
             if need > opdef.arity:
                 continue
@@ -389,6 +409,11 @@ class BlockSearch:
             except ShapeError:
                 self.stats.invalid += 1
                 continue
+            if expr is not None and self._duplicate(expr):
+                bg.ops.pop()
+                del bg.tensors[n_tensors:]
+                self.stats.pruned += 1
+                continue
             self.stats.states += 1
             self.exprs.append(expr)
             for t in set(operands):
@@ -404,6 +429,13 @@ class BlockSearch:
             self.uses.pop()
             for t in set(operands):
                 self.uses[t] -= 1
+
+    def _duplicate(self, cls: str) -> bool:
+        """A second tile with the same e-class, shape and stage as an existing one computes,
+        as far as the abstraction can tell, the same thing again: a minimal graph never does."""
+        new = self.bg.tensors[-1]
+        return any(c == cls and t.shape == new.shape and t.stage == new.stage
+                   for c, t in zip(self.exprs, self.bg.tensors, strict=False))
 
     def _emit(self) -> Iterator[KernelGraph]:
         """Complete the block graph with outputs wherever the new tile finishes one."""

@@ -1,0 +1,91 @@
+"""Where shards run: in this process, or as Ray tasks (embedded or on a cluster)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from typing import Any, Protocol
+
+
+class Executor(Protocol):
+    workers: int
+
+    def submit(self, shard: Any, payload: dict) -> None: ...
+    def next_result(self) -> Any | None: ...
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Runs shards one by one in this process (tests, and a machine without Ray)."""
+
+    def __init__(self) -> None:
+        self.workers = 1
+        self.queue: deque = deque()
+
+    def submit(self, shard: Any, payload: dict) -> None:
+        self.queue.append((shard, payload))
+
+    def next_result(self) -> Any | None:
+        from .search import run_and_verify
+
+        if not self.queue:
+            return None
+        shard, payload = self.queue.popleft()
+        return run_and_verify(payload, shard)
+
+    def close(self) -> None:
+        self.queue.clear()
+
+
+class RayExecutor:
+    """Shards as Ray tasks; a task whose worker dies is retried (``max_retries``)."""
+
+    def __init__(self, workers: int = 1, address: str | None = None,
+                 max_retries: int = 3) -> None:
+        import ray
+
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+            if address:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+            else:
+                # workers at normal priority: they are the job, not background work
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.ERROR, object_store_memory=80 * 1024 * 1024,
+                         _system_config={"worker_niceness": 0})
+            self.started = True
+        cpus = int(ray.cluster_resources().get("CPU", workers))
+        self.workers = cpus if address else workers
+        from .search import run_and_verify
+
+        self.task = ray.remote(num_cpus=1, max_retries=max_retries)(run_and_verify)
+        self.inflight: list = []
+        self._payload_ref: tuple[int, Any] | None = None
+
+    def submit(self, shard: Any, payload: dict) -> None:
+        if self._payload_ref is None or self._payload_ref[0] != id(payload):
+            self._payload_ref = (id(payload), self.ray.put(payload))
+        self.inflight.append(self.task.remote(self._payload_ref[1], shard))
+
+    def next_result(self) -> Any | None:
+        if not self.inflight:
+            return None
+        done, self.inflight = self.ray.wait(self.inflight, num_returns=1)
+        return self.ray.get(done[0])
+
+    def close(self) -> None:
+        for ref in self.inflight:
+            self.ray.cancel(ref, force=True)
+        self.inflight = []
+        if self.started:
+            self.ray.shutdown()
+
+
+def make_executor(workers: int = 1, address: str | None = None) -> Executor:
+    """Ray, embedded (started here with ``workers`` CPUs) or joined at ``address``."""
+    if workers < 1:
+        raise ValueError(f"workers must be ≥ 1, got {workers}")
+    return RayExecutor(workers, address)

@@ -1,0 +1,262 @@
+"""The search, sharded over Ray: plan shards, run and verify them on workers, rank results.
+
+The driver deepens each block configuration one op count at a time and stops it at the
+first count that yields a verified structure (the smallest block graphs of that
+configuration); it deepens the number of kernels the same way.  Every unit of work is a
+``Shard`` with a stable id, run by a Ray task that retries when its worker dies; results are
+keyed by shard id, so a retried shard is recorded once and the verified set does not depend
+on how many workers ran it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from search import KernelGraph, structural_hash
+from search.enumerate import Context, Limits, Shard, Stats, plan_configs, run_shard, split_shard
+from search.lang import Program
+from search.serialize import from_obj, to_obj
+from search.suite import small_instance
+from verifier import DEFAULT_TESTS, equivalent
+
+from .ranking import describe, rank
+from .runtime import Executor, make_executor
+
+_CONTEXTS: dict[tuple, tuple[Context, KernelGraph]] = {}
+
+
+@dataclass
+class ShardResult:
+    shard_id: str
+    config_id: str
+    stats: Stats
+    verified: dict[str, dict]  # hash → canonical µGraph JSON object
+    checked: int = 0
+    rejected: int = 0
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class SearchResult:
+    program: str
+    elapsed_s: float
+    stats: Stats
+    verified: dict[str, KernelGraph]
+    structures: list[dict]
+    shards_run: int
+    checked: int
+    first_single_kernel_s: float | None
+    saturation: dict
+    limits: Limits
+    unfinished: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> dict | None:
+        return self.structures[0] if self.structures else None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "program": self.program, "elapsed_s": round(self.elapsed_s, 3),
+            "states_explored": self.stats.states, "pruned": self.stats.pruned,
+            "invalid": self.stats.invalid, "candidates": self.stats.candidates,
+            "checked": self.checked, "verified": len(self.verified),
+            "timed_out": self.stats.timed_out, "shards": self.shards_run,
+            "first_single_kernel_s": self.first_single_kernel_s,
+            "saturation": self.saturation, "limits": _limits_dict(self.limits),
+            "unfinished_configs": self.unfinished,
+            "structures": [{k: v for k, v in s.items() if k != "graph"}
+                           for s in self.structures],
+            "best": ({k: v for k, v in self.best.items() if k != "graph"}
+                     if self.best else None),
+        }
+
+
+def _limits_dict(limits: Limits) -> dict:
+    d = asdict(limits)
+    d["kernel_ops"], d["block_ops"] = list(d["kernel_ops"]), list(d["block_ops"])
+    return d
+
+
+def _context(payload: dict) -> tuple[Context, KernelGraph]:
+    """One Context per worker process and job (saturating the target once)."""
+    key = (payload["reference_hash"], repr(payload["limits"]))
+    if key not in _CONTEXTS:
+        reference = from_obj(payload["reference"])
+        small = from_obj(payload["small"])
+        _CONTEXTS.clear()
+        _CONTEXTS[key] = (Context.build(reference, Limits(**payload["limits"])), small)
+    return _CONTEXTS[key]
+
+
+def verify_structure(structure: KernelGraph, small_reference: KernelGraph,
+                     tests: int = DEFAULT_TESTS) -> tuple[bool, str]:
+    """Verify at the small instance with every grid / for-loop symbol bound to 2."""
+    config = {s: 2 for s in sorted(structure.symbols())}
+    shapes = [small_reference.tensors[t].shape for t in small_reference.input_ids]
+    try:
+        small = structure.replay(shapes, config)
+    except ValueError as err:
+        return False, f"cannot instantiate small: {err}"
+    verdict = equivalent(small_reference, small, tests=tests)
+    return verdict.equivalent, verdict.reason
+
+
+def run_and_verify(payload: dict, shard: Shard) -> ShardResult:
+    """The unit of distributed work: enumerate one shard, verify what it yields."""
+    _maybe_inject_fault(shard)
+    _normal_priority()
+    start = time.perf_counter()
+    ctx, small = _context(payload)
+    if payload.get("deadline"):
+        remaining = payload["deadline"] - time.time()
+        ctx.limits = Limits(**{**payload["limits"], "time_limit_s": max(0.01, remaining)})
+    found, stats = run_shard(ctx, shard)
+    verified: dict[str, dict] = {}
+    checked = rejected = 0
+    seen: set[str] = set()
+    for graph in found:
+        h = structural_hash(graph)
+        if h in seen:
+            continue
+        seen.add(h)
+        checked += 1
+        ok, _ = verify_structure(graph, small, payload.get("tests", DEFAULT_TESTS))
+        if ok:
+            verified[h] = to_obj(graph)
+        else:
+            rejected += 1
+    return ShardResult(shard.id, shard.config_id, stats, verified, checked, rejected,
+                       time.perf_counter() - start)
+
+
+def _normal_priority() -> None:
+    """Ray starts workers at nice 15; a shard is the job's main work, not background work."""
+    try:
+        if os.nice(0) > 0:
+            os.nice(-os.nice(0))
+    except OSError:
+        pass  # not allowed to raise priority here; run as we are
+
+
+def _maybe_inject_fault(shard: Shard) -> None:
+    """Fault injection for the kill test: the first task to run after the marker directory
+    is named kills its own worker process, once."""
+    marker_dir = os.environ.get("TUNER_FAULT_KILL_ONCE")
+    if not marker_dir:
+        return
+    marker = os.path.join(marker_dir, "killed")
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, shard.id.encode())
+    os.close(fd)
+    os._exit(137)
+
+
+def search_program(program: Program, limits: Limits | None = None, *, workers: int = 1,
+                   address: str | None = None, time_limit_s: float | None = None,
+                   tests: int = DEFAULT_TESTS, executor: Executor | None = None,
+                   on_progress: Callable[[dict], None] | None = None) -> SearchResult:
+    """Search ``program`` for verified structures; ranks them (fewest kernels first)."""
+    limits = limits or Limits()
+    start = time.perf_counter()
+    reference = program.build()
+    small = small_instance(program).build()
+    ctx = Context.build(reference, limits)
+    payload = {"reference": to_obj(reference), "small": to_obj(small),
+               "reference_hash": structural_hash(reference), "limits": _limits_dict(limits),
+               "tests": tests,
+               "deadline": time.time() + time_limit_s if time_limit_s else None}
+    own = executor is None
+    executor = executor or make_executor(workers, address)
+    totals, results = Stats(), {}
+    verified: dict[str, KernelGraph] = {}
+    first_single: float | None = None
+    checked = 0
+    unfinished: list[str] = []
+    try:
+        for kernels in range(1, limits.max_kernel_ops + 1):
+            configs = plan_configs(ctx, kernels)
+            before = set(results)
+            unfinished = _deepen(ctx, configs, executor, payload, results, limits)
+            found_here = False
+            for sid in sorted(set(results) - before):
+                res = results[sid]
+                totals.add(res.stats)
+                checked += res.checked
+                for h, obj in res.verified.items():
+                    if h not in verified:
+                        verified[h] = from_obj(obj)
+                        found_here = True
+            if found_here and kernels == 1 and first_single is None:
+                first_single = min(r.elapsed_s for r in results.values() if r.verified)
+            if on_progress:
+                on_progress({"states": totals.states, "verified": len(verified),
+                             "elapsed_s": time.perf_counter() - start})
+            if verified or _past(payload):
+                break
+    finally:
+        if own:
+            executor.close()
+    totals.timed_out |= _past(payload)
+    structures = rank([describe(h, g) for h, g in verified.items()])
+    sat = ctx.target
+    return SearchResult(program.name, time.perf_counter() - start, totals, verified,
+                        structures, len(results), checked, first_single,
+                        {"nodes": sat.nodes, "iterations": sat.iterations,
+                         "saturated": sat.saturated, "seconds": round(sat.seconds, 3)},
+                        limits, unfinished)
+
+
+def _past(payload: dict) -> bool:
+    return bool(payload.get("deadline")) and time.time() > payload["deadline"]
+
+
+def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dict,
+            results: dict[str, ShardResult], limits: Limits) -> list[str]:
+    """Run every configuration at op counts 1, 2, … until it verifies something; returns
+    the configurations that never did (within the limits)."""
+    level = {c.config_id: (1 if c.inputs else 0) for c in configs}
+    by_id = {c.config_id: c for c in configs}
+    pending: dict[str, set[str]] = {}
+    hit: dict[str, bool] = {}
+
+    def submit(cid: str) -> None:
+        shard = by_id[cid].at(level[cid])
+        parts = [shard]
+        if shard.inputs and len(level) < 2 * executor.workers:
+            parts = split_shard(ctx, shard)  # too few configurations to keep workers busy
+        pending[cid], hit[cid] = {p.id for p in parts}, False
+        for part in parts:
+            executor.submit(part, payload)
+        if not parts:
+            del pending[cid]
+
+    for cid in list(level):
+        submit(cid)
+    while pending:
+        res = executor.next_result()
+        if res is None:
+            break
+        if res.shard_id in results or res.config_id not in pending:
+            continue  # a retried shard already recorded: keep the first result
+        results[res.shard_id] = res
+        cid = res.config_id
+        hit[cid] |= bool(res.verified)
+        pending[cid].discard(res.shard_id)
+        if pending[cid]:
+            continue
+        del pending[cid]
+        if hit[cid]:
+            continue
+        if 0 < level[cid] < limits.max_block_ops and not _past(payload):
+            level[cid] += 1
+            submit(cid)
+        else:
+            level[cid] = -1
+    return sorted(cid for cid, lv in level.items() if lv == -1)
