@@ -40,6 +40,9 @@ class CStyle:
     # instead of one dot product per element: vectorises on CPUs, would spill on GPUs.
     matmul_by_rows = False
     MATMUL_ROW_MAX = 4096
+    # x / y with y the same for the whole row: one reciprocal per row, a multiply per element
+    # (within 1.5 ulp of the division; divisions are the slowest float op in both dialects).
+    reciprocal_rows = True
 
     # ---------------------------------------------------------------- hooks
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
@@ -118,6 +121,8 @@ class CStyle:
         head += [f"//   note: {n}" for n in k.notes]
         self._k, self._plan = k, plan
         self._mm_rows: set[str] = set()
+        self._mm_index: dict[str, str] = {}
+        self._rcp: dict[str, str] = {}
         body: list[str] = []
         for p, phase in enumerate(k.phases):
             if p:
@@ -163,15 +168,15 @@ class CStyle:
         out += [self._view_decl(v) for v in views if not v.iter]
         stages = {s: [lp for lp in loops if lp.stage == s] for s in ("pre", "body", "post")}
         idx = {id(lp): i for i, lp in enumerate(loops)}
-        for lp in stages["pre"]:
-            out += self.loop(lp, idx[id(lp)])
+        for group in self.row_groups(stages["pre"]):
+            out += self.loops(group, [idx[id(lp)] for lp in group])
         if stages["body"]:
             body = [self._view_decl(v) for v in views if v.iter]
-            for lp in stages["body"]:
-                body += self.loop(lp, idx[id(lp)])
+            for group in self.row_groups(stages["body"]):
+                body += self.loops(group, [idx[id(lp)] for lp in group])
             out += [f"for (int it = 0; it < {k.forloop}; ++it) {{", *_indent(body), "}"]
-        for lp in stages["post"]:
-            out += self.loop(lp, idx[id(lp)])
+        for group in self.row_groups(stages["post"]):
+            out += self.loops(group, [idx[id(lp)] for lp in group])
         return _indent(out)
 
     def _index(self, a: Access, coords: list[str], extra: str = "") -> str:
@@ -195,6 +200,8 @@ class CStyle:
         a = st.args
         if st.op == "load":
             return [f"const float {st.var} = {self._read(st.access[0], coords)};"]
+        if st.op == "matmul" and st.var in self._mm_index:
+            return [f"const float {st.var} = {self._mm_index[st.var]};"]
         if st.op == "matmul" and st.var in self._mm_rows:
             return [f"const float {st.var} = m_{st.var}[c];"]
         if st.op in ("matmul", "reduce", "combine"):
@@ -203,7 +210,9 @@ class CStyle:
             terms = [self._read(x, coords, _mul(q, x.red)) for x in st.access]
             return [f"float {st.var} = 0.0f;",
                     f"for (int {q} = 0; {q} < {n}; ++{q}) {st.var} += {' * '.join(terms)};"]
-        if st.op in BINARY:
+        if st.op == "div" and a[1] in self._rcp:
+            expr = f"({a[0]} * {self._rcp[a[1]]})"
+        elif st.op in BINARY:
             expr = f"({a[0]} {BINARY[st.op]} {a[1]})"
         elif st.op == "mul_scalar":
             expr = f"({a[0]} * {flit(st.attrs['scalar'])})"
@@ -230,24 +239,42 @@ class CStyle:
         return out
 
     def loop(self, lp: Loop, index: int) -> list[str]:
-        """One fused loop: rows over thread groups, columns over the lanes of a group."""
+        return self.loops([lp], [index])
+
+    def loops(self, group: list[Loop], indices: list[int]) -> list[str]:
+        """Fused loops over one tile: rows over thread groups, columns over the lanes of a
+        group.  A group of several loops (``row_groups``) shares one walk over the rows, each
+        loop's row body in its own scope, so a row's values are still in L1 when read again."""
         k = self._k
+        lp = group[0]
         threads = self.threads(k)
         lanes = min(lp.lanes, threads)
         groups = threads // lanes
         rows = lp.rows
         split = k.mapping.split if lp.chunked else 1
         width = lp.cols // split
-        out = [f"// loop {index} [{lp.stage}] over {lp.shape}: {lanes} lane(s) x {groups} "
-               f"group(s){', chunk of ' + str(width) + ' columns' if split > 1 else ''}", "{"]
+        out = [f"// loop {i} [{x.stage}] over {x.shape}: {lanes} lane(s) x {groups} group(s)"
+               f"{', chunk of ' + str(width) + ' columns' if split > 1 else ''}"
+               for x, i in zip(group, indices, strict=True)]
+        out += ["// (one walk over the rows for the loops above)"] if len(group) > 1 else []
+        out.append("{")
         inner: list[str] = []
         if lanes > 1:
             inner.append(f"const int lane = tid % {lanes};")
         if groups > 1:
             inner.append(f"const int grp = tid / {lanes};")
-        uniform = groups > 1 and rows % groups != 0 and bool(lp.reductions) and lanes > 1
+        uniform = groups > 1 and rows % groups != 0 and lanes > 1 and \
+            any(x.reductions for x in group)
         guards = (["on"] if uniform else [])
-        if groups == 1:
+        tile_rows = self.matmul_tile_rows(lp, lanes, width) if len(group) == 1 else 0
+        self._mm_index = {}
+        close = ["}"]
+        if tile_rows:
+            inner.append(f"for (int r0 = 0; r0 < {rows}; r0 += {tile_rows}) {{")
+            inner += _indent(self.matmul_tiles(lp, tile_rows, width))
+            inner.append(f"  for (int r = r0; r < r0 + {tile_rows}; ++r) {{")
+            close = ["  }", "}"]
+        elif groups == 1:
             inner.append(f"for (int r = 0; r < {rows}; ++r) {{")
         elif uniform:
             inner += [f"for (int r0 = 0; r0 < {rows}; r0 += {groups}) {{",
@@ -255,15 +282,37 @@ class CStyle:
                       f"  const int r = on ? r0 + grp : {rows - 1};"]
         else:
             inner.append(f"for (int r = grp; r < {rows}; r += {groups}) {{")
-        lead = lp.shape[:-1]
-        coords = [f"i{d}" for d in range(len(lead))]
         row: list[str] = []
+        for x in group:
+            body = self._row_body(x, lanes, split, width, guards)
+            row += ["{", *_indent(body), "}"] if len(group) > 1 else body
+        inner += _indent(row, "    " if tile_rows else "  ") + close
+        return out + _indent(inner) + ["}"] + self.block_sync()
+
+    def coord_lines(self, lp: Loop, row: str = "r") -> list[str]:
+        """``const int i<d> = ...;`` for the row coordinates ``lp`` uses, from row ``row``."""
+        lead = lp.shape[:-1]
+        out = []
         for d, size in enumerate(lead):
             if size > 1 and self._uses_coord(lp, d):
                 inner_size = math.prod(lead[d + 1:])
-                expr = f"r / {inner_size}" if inner_size > 1 else "r"
-                row.append(f"const int i{d} = {expr if d == 0 else f'({expr}) % {size}'};")
+                expr = f"{row} / {inner_size}" if inner_size > 1 else row
+                out.append(f"const int i{d} = {expr if d == 0 else f'({expr}) % {size}'};")
+        return out
+
+    def _row_body(self, lp: Loop, lanes: int, split: int, width: int,
+                  guards: list[str]) -> list[str]:
+        coords = [f"i{d}" for d in range(len(lp.shape) - 1)]
+        row = self.coord_lines(lp)
         row += self._stmts(lp.hoisted, coords, guards)
+        self._rcp = {}
+        if self.reciprocal_rows:  # x / (row value): one division per row, then multiplies
+            row_vars = {st.var for st in lp.hoisted if isinstance(st, Let)}
+            for st in lp.col:
+                if isinstance(st, Let) and st.op == "div" and st.args[1] in row_vars \
+                        and st.args[1] not in self._rcp:
+                    self._rcp[st.args[1]] = f"rcp_{st.args[1]}"
+                    row.append(f"const float rcp_{st.args[1]} = 1.0f / {st.args[1]};")
         if split > 1:
             row.append(f"const int c0 = j * {width};")
         accs = [f"s_{red.dst}" for red in lp.reductions]
@@ -272,8 +321,8 @@ class CStyle:
         start = f"{c0} + lane" if lanes > 1 else c0
         end = f"{c0} + {width}" if split > 1 else str(width)
         step = f"c += {lanes}" if lanes > 1 else "++c"
-        self._mm_rows = set()
-        if self.matmul_by_rows and width <= self.MATMUL_ROW_MAX:
+        self._mm_rows = set(self._mm_index)
+        if self.matmul_by_rows and width <= self.MATMUL_ROW_MAX and not self._mm_index:
             for st in lp.col:
                 if isinstance(st, Let) and st.op == "matmul":
                     row += self._matmul_row(st, coords, (start, end, step), width)
@@ -289,8 +338,21 @@ class CStyle:
         for a, red in zip(accs, lp.reductions, strict=True):
             row += self.group_sum(a, lanes) + [f"const float {red.dst} = {a};"]
         row += self._stmts(lp.row, coords, guards + (["lane == 0"] if lanes > 1 else []))
-        inner += _indent(row) + ["}"]
-        return out + _indent(inner) + ["}"] + self.block_sync()
+        return row
+
+    # ---------------------------------------------------------------- hooks for row blocking
+    def matmul_tile_rows(self, lp: Loop, lanes: int, width: int) -> int:
+        """Rows per register tile of the loop's matmuls (0: no tiling, one row at a time)."""
+        return 0
+
+    def matmul_tiles(self, lp: Loop, rows: int, width: int) -> list[str]:
+        """Code computing the loop's matmuls for ``rows`` rows from ``r0``; it must fill
+        ``self._mm_index`` with each matmul's value expression at (r, c)."""
+        raise NotImplementedError
+
+    def row_groups(self, loops: list[Loop]) -> list[list[Loop]]:
+        """Consecutive loops that may share one walk over the rows (default: none do)."""
+        return [[lp] for lp in loops]
 
     def _matmul_row(self, st: Let, coords: list[str], cols: tuple[str, str, str],
                     width: int) -> list[str]:

@@ -8,12 +8,16 @@ large pickles cross the pipe and nothing leaks into a shared-memory registry whe
 
 Calling convention (see docs/devices.md): `extern "C" void kernel(float** inputs, float**
 outputs)`, every array float32 and C-contiguous, outputs pre-filled with NaN so an element the
-kernel forgets to write shows up as a wrong result.
+kernel forgets to write shows up as a wrong result.  A job may instead name a Python function
+(`"call": "module:function"`) that the worker runs on the job's arrays: the CUDA device uses
+this, so an illegal address on the GPU kills a worker, not the tuner.  Environment variables
+(`env`, per worker or per job: OMP_NUM_THREADS, ...) are set when the worker process starts.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib
 import multiprocessing as mp
 import os
 import shutil
@@ -21,6 +25,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +35,9 @@ import numpy as np
 from kernels.compile import DEFAULT_CPP_FLAGS, CompileError, compile_cpp
 
 STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result")
-_JOB_KEYS = {"library", "source", "flags", "function", "inputs", "outputs", "expected",
-             "rtol", "atol", "timing", "output_fill"}
+_JOB_KEYS = {"library", "source", "call", "args", "env", "flags", "function", "inputs",
+             "outputs", "expected", "rtol", "atol", "timing", "output_fill"}
+_ENV_LOCK = threading.Lock()  # os.environ is patched while a worker process is spawned
 
 
 @dataclass
@@ -79,11 +85,32 @@ def _compare(outs: list[np.ndarray], expected: list[np.ndarray], rtol: float,
     return errs, msg
 
 
+def _run_call(msg: dict) -> dict:
+    """A ``call`` job: ``function(inputs, expected, args) -> reply`` with ``reply["outputs"]``
+    (arrays, saved for the parent) and the usual status, message and payload keys."""
+    d = Path(msg["dir"])
+    module, _, name = msg["call"].partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    inputs = [np.load(d / f"in{i}.npy") for i in range(msg["n_inputs"])]
+    expected = [np.load(d / f"exp{i}.npy") for i in range(msg["n_expected"])]
+    args = {**msg["args"], "rtol": msg["rtol"], "atol": msg["atol"], "timing": msg["timing"],
+            "output_shapes": msg["output_shapes"]}
+    reply = dict(fn(inputs, expected, args))
+    outputs = reply.pop("outputs", [])
+    for i, o in enumerate(outputs):
+        np.save(d / f"out{i}.npy", np.asarray(o))
+    reply["n_outputs"] = len(outputs)
+    reply.setdefault("message", "")
+    return reply
+
+
 def _run_job(msg: dict, libs: dict) -> dict:
     import ctypes
 
     from kernels.timing import measure
 
+    if msg.get("call"):
+        return _run_call(msg)
     d = Path(msg["dir"])
     lib = libs.get(msg["library"])
     if lib is None:
@@ -168,9 +195,16 @@ def _validate(job: dict) -> dict:
     if unknown:
         raise ValueError(f"run_isolated: unknown job keys {sorted(unknown)}; "
                          f"allowed: {sorted(_JOB_KEYS)}")
-    if ("library" in job) == ("source" in job):
-        raise ValueError("run_isolated: give exactly one of job['library'] (path to a .so) "
-                         "or job['source'] (C++ code)")
+    if sum(k in job for k in ("library", "source", "call")) != 1:
+        raise ValueError("run_isolated: give exactly one of job['library'] (path to a .so), "
+                         "job['source'] (C++ code) or job['call'] ('module:function')")
+    if "call" in job and (not isinstance(job["call"], str) or ":" not in job["call"]):
+        raise ValueError(f"run_isolated: job['call']={job['call']!r} must be 'module:function'")
+    env = job.get("env") or {}
+    if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in env.items()):
+        raise ValueError("run_isolated: job['env'] must map variable names to strings (or "
+                         "None to unset), e.g. {'OMP_NUM_THREADS': '1'}")
 
     def f32(name: str) -> list[np.ndarray]:
         arrs = list(job.get(name) or [])
@@ -199,6 +233,7 @@ def _validate(job: dict) -> dict:
                          "keyword arguments, or None to run once without timing")
     return {
         "library": str(Path(job["library"]).resolve()) if "library" in job else None,
+        "call": job.get("call"), "args": dict(job.get("args") or {}), "env": dict(env),
         "source": job.get("source"), "flags": tuple(job.get("flags", DEFAULT_CPP_FLAGS)),
         "function": str(job.get("function", "kernel")),
         "inputs": inputs, "expected": expected, "output_shapes": shapes,
@@ -220,10 +255,18 @@ def _signal_text(code: int | None) -> str:
 
 
 class IsolatedWorker:
-    """One persistent worker process; run() jobs on it, it is replaced after a crash or hang."""
+    """One persistent worker process; run() jobs on it, it is replaced after a crash or hang.
 
-    def __init__(self, start_method: str = "spawn", startup_timeout_s: float = 60.0):
+    ``env`` (name -> value, None unsets) is the worker's environment on top of ours, e.g.
+    ``{"OMP_NUM_THREADS": "1"}``; a job's own ``env`` adds to it, and the process is restarted
+    whenever the environment a job needs differs from the running one (OpenMP and BLAS read
+    their variables once, when they load)."""
+
+    def __init__(self, start_method: str = "spawn", startup_timeout_s: float = 60.0,
+                 env: Mapping[str, str | None] | None = None):
         self._ctx = mp.get_context(start_method)
+        self.env: dict[str, str | None] = dict(env or {})
+        self._running_env: dict[str, str | None] = {}
         self._startup_timeout_s = startup_timeout_s
         self._proc: Any = None
         self._conn: Any = None
@@ -237,21 +280,39 @@ class IsolatedWorker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.is_alive() else None
 
-    def start(self) -> None:
-        """Start the process now (otherwise the first run() does it)."""
-        if self._proc is not None and self._proc.is_alive():
+    def start(self, env: Mapping[str, str | None] | None = None) -> None:
+        """Start the process now (otherwise the first run() does it); ``env`` as in a job.
+
+        Raises RuntimeError (with the worker's log) when the process dies or hangs while
+        starting."""
+        want = {**self.env, **(env or {})}
+        if self._proc is not None and self._proc.is_alive() and want == self._running_env:
             return
         self._stop()
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker_main, args=(child, str(self._log)),
                                  daemon=True, name="tuner-kernel-worker")
-        proc.start()
+        with _ENV_LOCK:  # a spawned process inherits os.environ as it is at start()
+            saved = {k: os.environ.get(k) for k in want}
+            try:
+                _set_env(want)
+                proc.start()
+            finally:
+                _set_env(saved)
         child.close()
-        if not parent.poll(self._startup_timeout_s):
-            proc.kill()
-            raise RuntimeError(f"kernel worker did not start within {self._startup_timeout_s} s")
-        parent.recv()
+        try:
+            if not parent.poll(self._startup_timeout_s):
+                proc.kill()
+                raise RuntimeError(f"kernel worker did not start within "
+                                   f"{self._startup_timeout_s} s")
+            parent.recv()
+        except (EOFError, OSError):
+            proc.join(5)
+            raise RuntimeError(f"kernel worker exited while starting "
+                               f"({_signal_text(proc.exitcode)}); {self._log_tail(0, 600)}"
+                               ) from None
         self._proc, self._conn = proc, parent
+        self._running_env = want
         self.starts += 1
 
     def _stop(self) -> None:
@@ -262,6 +323,7 @@ class IsolatedWorker:
                 self._proc.kill()
             self._proc.join(5)
         self._proc = self._conn = None
+        self._running_env = {}
 
     def close(self) -> None:
         with self._lock:
@@ -296,11 +358,15 @@ class IsolatedWorker:
         with self._lock:
             res = self._run_locked(spec, timeout_s)
         res.wall_s = time.perf_counter() - t0
-        res.payload.setdefault("library", spec["library"])
+        if spec["library"]:
+            res.payload.setdefault("library", spec["library"])
         return res
 
     def _run_locked(self, spec: dict, timeout_s: float) -> RunResult:
-        self.start()
+        try:
+            self.start(spec["env"])
+        except RuntimeError as e:
+            return RunResult("runtime_error", str(e))
         self._jobs += 1
         jobdir = self._dir / f"job{self._jobs}"
         jobdir.mkdir()
@@ -309,12 +375,13 @@ class IsolatedWorker:
                 np.save(jobdir / f"in{i}.npy", np.ascontiguousarray(a))
             for i, a in enumerate(spec["expected"]):
                 np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
-            msg = {k: spec[k] for k in ("library", "function", "output_shapes", "rtol", "atol",
-                                        "timing", "output_fill")}
+            msg = {k: spec[k] for k in ("library", "call", "args", "function", "output_shapes",
+                                        "rtol", "atol", "timing", "output_fill")}
             msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
                        n_expected=len(spec["expected"]))
             log_offset = self._log.stat().st_size if self._log.exists() else 0
-            what = f"kernel {spec['function']!r} from {Path(spec['library']).name}"
+            what = (f"call {spec['call']}" if spec["call"] else
+                    f"kernel {spec['function']!r} from {Path(spec['library']).name}")
             try:
                 self._conn.send(msg)
                 if not self._conn.poll(timeout_s):
@@ -334,14 +401,22 @@ class IsolatedWorker:
                                  f"{what} crashed the worker ({_signal_text(code)})"
                                  + (f"; it printed:\n{said}" if said else ""),
                                  {"exitcode": code, "log": tail})
+            n_out = reply.pop("n_outputs", len(spec["output_shapes"]))
             payload: dict[str, Any] = {k: v for k, v in reply.items()
                                        if k not in ("status", "message")}
             if reply["status"] in ("ok", "wrong_result"):
-                payload["outputs"] = [np.load(jobdir / f"out{i}.npy")
-                                      for i in range(len(spec["output_shapes"]))]
+                payload["outputs"] = [np.load(jobdir / f"out{i}.npy") for i in range(n_out)]
             return RunResult(reply["status"], reply["message"], payload)
         finally:
             shutil.rmtree(jobdir, ignore_errors=True)
+
+
+def _set_env(values: Mapping[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 _default: IsolatedWorker | None = None

@@ -205,11 +205,25 @@ def default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
         steps = [size // math.prod(b[s] for s in syms) for size, syms in cons
                  if any(s == bg.forloop_range for bg in bgs for s in syms)]
         step = min(steps) if steps else 64
-        return (abs(math.log2(blocks / wave)), abs(math.log2(max(1, step) / 64)))
+        return (abs(math.log2(blocks / wave)), abs(math.log2(max(1, step) / 64)),
+                -_inner_rows(bgs, b))
 
     config.update(min(candidates, key=score_general))
     config["block"] = 1 if spec.kind == "cpu" else 128
     return config
+
+
+def _inner_rows(bgs: list[BlockGraph], binding: MappingT[str, int]) -> int:
+    """Rows of the innermost row dim of the output tiles (the fewest over the kernels): on a
+    tie, split outer (batch) dims over the grid first, so a block's rows share one matmul
+    operand tile and register tiles of several rows form."""
+    rows = []
+    for bg in bgs:
+        bound = bg.bind({k: v for k, v in binding.items() if k in bg.symbols()})
+        for op in bound.ops_of("output"):
+            shape = bound.tensors[op.inputs[0]].shape
+            rows.append(int(shape[-2]) if len(shape) > 1 else 1)
+    return min(rows, default=0)
 
 
 def split_config(config: MappingT[str, int] | None) -> tuple[dict[str, int], dict[str, int]]:

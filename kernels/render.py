@@ -9,8 +9,10 @@ because block work is written as loops strided by the thread index.
 
 from __future__ import annotations
 
-from .cstyle import CStyle
-from .plan import Kernel, KernelPlan, Loop
+from dataclasses import replace
+
+from .cstyle import CStyle, _indent
+from .plan import Access, Kernel, KernelPlan, Let, Loop, Store
 
 GROUP_SUM = """template <int L> __device__ __forceinline__ float group_sum(float v, float* red) {
   // sum over the L lanes of a thread group: shuffles inside a warp, shared memory across warps
@@ -71,6 +73,64 @@ EXP_F = """static inline float exp_f(float x) {
   memcpy(&s2, &e2, 4);
   return p * s1 * s2;
 }"""
+MATMUL_TILE = """#if defined(__AVX512F__)
+#define TUNER_VL 16
+#define TUNER_CB 4
+#elif defined(__AVX__)
+#define TUNER_VL 8
+#define TUNER_CB 2
+#else
+#define TUNER_VL 4
+#define TUNER_CB 2
+#endif
+typedef float tuner_vf __attribute__((vector_size(TUNER_VL * 4)));
+template <int R, int CB>
+static inline void mm_tile(const float* const* a, const int sa, const float* __restrict__ b,
+                           const int sb, const int kn, float* __restrict__ m, const int ldm,
+                           const int c0) {
+  // R rows x CB vectors of columns kept in registers over the whole k loop: every vector of
+  // b loaded feeds R fused multiply-adds (GCC vector extensions: the ISA of -march=native)
+  tuner_vf acc[R][CB];
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < CB; ++j) acc[q][j] = tuner_vf{};
+  for (int k = 0; k < kn; ++k) {
+    const float* bk = b + k * sb + c0;
+#ifdef TUNER_PF
+#pragma GCC unroll 8
+    for (int j = 0; j < CB; ++j) __builtin_prefetch(bk + (CB + j) * TUNER_VL);
+#endif
+    tuner_vf bv[CB];
+#pragma GCC unroll 8
+    for (int j = 0; j < CB; ++j) memcpy(&bv[j], bk + j * TUNER_VL, sizeof(tuner_vf));
+#pragma GCC unroll 8
+    for (int q = 0; q < R; ++q) {
+      const float s = a[q][k * sa];
+#pragma GCC unroll 8
+      for (int j = 0; j < CB; ++j) acc[q][j] += s * bv[j];
+    }
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < CB; ++j) memcpy(m + q * ldm + c0 + j * TUNER_VL, &acc[q][j], sizeof(tuner_vf));
+}
+template <int R>
+static inline void mm_rows(const float* const* a, const int sa, const float* __restrict__ b,
+                           const int sb, const int kn, const int n, float* __restrict__ m) {
+  // m[q * n + c] = sum_k a[q][k * sa] * b[k * sb + c] for q < R, c < n
+  int c = 0;
+  for (; c + TUNER_CB * TUNER_VL <= n; c += TUNER_CB * TUNER_VL) mm_tile<R, TUNER_CB>(a, sa, b, sb, kn, m, n, c);
+  for (; c + TUNER_VL <= n; c += TUNER_VL) mm_tile<R, 1>(a, sa, b, sb, kn, m, n, c);
+  for (; c < n; ++c)
+    for (int q = 0; q < R; ++q) {
+      float s = 0.0f;
+      for (int k = 0; k < kn; ++k) s += a[q][k * sa] * b[k * sb + c];
+      m[q * n + c] = s;
+    }
+}"""
+MATMUL_TILE_ROWS = (4, 3, 2)  # rows per register tile, largest dividing the row count first
 PARALLEL_MIN_WORK = 1 << 18  # below this, forking threads costs more than it saves
 CUDA_TYPES = {"float16": ("half", "__half2float", "__float2half"),
               "bfloat16": ("__nv_bfloat16", "__bfloat162float", "__float2bfloat16")}
@@ -144,7 +204,7 @@ class CppDialect(CStyle):
 
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
         return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F,
-                *super().prelude(plans)]
+                MATMUL_TILE, *super().prelude(plans)]
 
     def threads(self, k: Kernel) -> int:
         return 1
@@ -152,9 +212,9 @@ class CppDialect(CStyle):
     def kernel_open(self, k: Kernel, plan: KernelPlan, params: list[str]) -> list[str]:
         sig = [f"{'const ' if plan.globals[p].role == 'input' else ''}float* __restrict__ {p}"
                for p in params] + ["float* __restrict__ ws"]
-        work = k.vblocks * sum(lp.rows * lp.cols for ph in k.phases for lp in ph.loops)
+        work = k.vblocks * sum(_loop_work(lp, k) for ph in k.phases for lp in ph.loops)
         lines = [f"static void {k.name}({', '.join(sig)}) {{",
-                 f"#pragma omp parallel if({work} >= {PARALLEL_MIN_WORK})  // ~elements touched",
+                 f"#pragma omp parallel if({work} >= {PARALLEL_MIN_WORK})  // ~multiply-adds",
                  "{"]
         if k.smem_bytes:
             size = -(-k.smem_bytes // 64) * 64
@@ -167,6 +227,72 @@ class CppDialect(CStyle):
 
     def work_loop(self, k: Kernel) -> list[str]:
         return ["#pragma omp for schedule(static)", f"for (int w = 0; w < {k.items}; ++w) {{"]
+
+    def matmul_tile_rows(self, lp: Loop, lanes: int, width: int) -> int:
+        """Tile when every matmul reads B with unit column stride and the same B rows for
+        the rows of a tile (B independent of the innermost row coordinate)."""
+        mms = [st for st in lp.col if isinstance(st, Let) and st.op == "matmul"]
+        if not mms or lanes != 1 or self.threads(self._k) != 1 or lp.chunked or \
+                width > self.MATMUL_ROW_MAX:
+            return 0
+        inner = lp.shape[-2] if len(lp.shape) > 1 else 1
+        if any(st.access[1].col != 1 or st.access[1].col_index or
+               (st.access[1].rows and st.access[1].rows[-1]) for st in mms):
+            return 0
+        return next((t for t in MATMUL_TILE_ROWS if inner % t == 0 and t <= lp.rows), 1)
+
+    def matmul_tiles(self, lp: Loop, rows: int, width: int) -> list[str]:
+        coords = [f"i{d}" for d in range(len(lp.shape) - 1)]
+        out = []
+        for st in (s for s in lp.col if isinstance(s, Let) and s.op == "matmul"):
+            a, b = (replace(x, col=0) for x in st.access)
+            arr = f"m_{st.var}"
+            self._mm_index[st.var] = f"{arr}[(r - r0) * {width} + c]"
+            out += [f"// {st.comment} ({rows} row(s) x {width} in registers, k = "
+                    f"{st.attrs['k']})",
+                    f"alignas(64) float {arr}[{rows * width}];", "{",
+                    f"  const float* a_rows[{rows}];",
+                    f"  for (int r = r0; r < r0 + {rows}; ++r) {{",
+                    *_indent(self.coord_lines(lp), "    "),
+                    f"    a_rows[r - r0] = {a.view} + {self._index(a, coords)};", "  }",
+                    "  const int r = r0;", *_indent(self.coord_lines(lp)),
+                    f"  mm_rows<{rows}>(a_rows, {a.red}, {b.view} + {self._index(b, coords)}, "
+                    f"{b.red}, {st.attrs['k']}, {width}, {arr});", "}"]
+        return out
+
+    def row_groups(self, loops: list[Loop]) -> list[list[Loop]]:
+        """Join consecutive loops over the same rows when each row of a later loop reads only
+        what the same row of the earlier ones wrote (a row-reduce-then-broadcast, as in
+        softmax): the row is read back from L1 instead of after the whole tile."""
+        if not loops or self.threads(self._k) != 1:
+            return super().row_groups(loops)
+        groups: list[list[Loop]] = [[loops[0]]]
+        for lp in loops[1:]:
+            if self._joins(groups[-1], lp):
+                groups[-1].append(lp)
+            else:
+                groups.append([lp])
+        return groups
+
+    def _joins(self, group: list[Loop], lp: Loop) -> bool:
+        first = group[0]
+        if lp.shape != first.shape or lp.chunked or first.chunked or \
+                any(_has_matmul(x) for x in (*group, lp)):
+            return False
+        written = {}
+        for x in group:
+            for st in (*x.col, *x.row):
+                if isinstance(st, Store):
+                    written.setdefault(self._view_buffer(st.access.view), []).append(st.access)
+        for view, acc in _accesses(lp):
+            buf = self._view_buffer(view)
+            for w in written.get(buf, []):
+                if acc.rows != w.rows or any(s == 0 for s, n in zip(w.rows, first.shape[:-1],
+                                                                      strict=False) if n > 1):
+                    return False
+        mine = {self._view_buffer(st.access.view) for st in (*lp.col, *lp.row)
+                if isinstance(st, Store)}
+        return not any(self._view_buffer(v) in mine for x in group for v, _ in _accesses(x))
 
     def grid_sync(self, k: Kernel) -> list[str]:
         return ["// grid barrier: the implicit barrier at the end of the omp for above"]
@@ -187,6 +313,26 @@ class CppDialect(CStyle):
                     f"[{plan.globals[p].io_index}]" for p in k.params] + ["ws"]
             lines.append(f"  {k.name}({', '.join(args)});")
         return lines + ["}"]
+
+
+def _has_matmul(lp: Loop) -> bool:
+    return any(isinstance(st, Let) and st.op == "matmul" for st in lp.col)
+
+
+def _accesses(lp: Loop) -> list[tuple[str, Access]]:
+    """(view, access) of every read and write of a loop."""
+    out = []
+    for st in (*lp.hoisted, *lp.col, *lp.row):
+        for a in (st.access if isinstance(st, Let) else (st.access,)):
+            out.append((a.view, a))
+    return out
+
+
+def _loop_work(lp: Loop, k: Kernel) -> int:
+    """Multiply-adds (or elements) of one loop per virtual block, for-loop iterations included."""
+    depth = max([st.attrs.get("k", 1) for st in lp.col if isinstance(st, Let)
+                 and st.op == "matmul"], default=1)
+    return lp.rows * lp.cols * depth * (k.forloop if lp.stage == "body" else 1)
 
 
 DIALECTS: dict[str, type[CStyle]] = {"cuda": CudaDialect, "cpp": CppDialect}

@@ -1,0 +1,173 @@
+"""Fused C++ kernels vs op-by-op numpy on this CPU, with the issue's targets checked per row.
+
+    .venv/bin/python benchmarks/kernels.py [--threads N] [--structures DIR] [--budget S]
+                                           [--only NAME ...] [--markdown]
+
+Rows: every suite program (search.suite.SUITE) at its default shapes, softmax_rows at the three
+AStitch mapping shapes, and rmsnorm_residual.  Each row builds the structure (hand-written, or
+the winner of a search output in ``--structures DIR``) with the AStitch default config, checks
+it against the float64 reference, then times the fused kernel (in the isolated worker) and the
+reference graph run op by op with numpy in float32, one after the other in the same run.
+
+``--threads N`` sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS for both sides before numpy loads
+(default: all cores); bandwidth is then judged against the copy bandwidth measured with the
+same number of threads (kernels.devices.measure_cpu_bandwidth: one-thread or all-core copy).
+
+Targets (PASS/FAIL per row): ratio ≥ 1.0 everywhere; ≥ 2.0 on ntrans, softmax_rows and
+rmsnorm_residual; memory-bound rows (FLOPs per byte below the machine balance, peak FLOP/s /
+copy bandwidth) at ≥ 60 % of copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# (row label, program, parameter overrides, why these shapes)
+ROWS = [(n, n, {}) for n in ("rmsnorm_matmul", "gated_mlp", "lora", "gqa", "qknorm_gqa", "mha",
+                             "mqa", "ntrans")] + [
+    ("softmax_rows 750000x32", "softmax_rows", {"rows": 750000, "cols": 32}),
+    ("softmax_rows 64x30000", "softmax_rows", {"rows": 64, "cols": 30000}),
+    ("softmax_rows 4096x1024", "softmax_rows", {"rows": 4096, "cols": 1024}),
+    ("rmsnorm_residual", "rmsnorm_residual", {}),
+]
+TWO_X = ("ntrans", "softmax_rows", "rmsnorm_residual")
+MEMORY_TARGET = 0.60
+
+
+def flops(graph) -> int:
+    """FLOPs of a reference graph: 2·M·N·K per matmul, one per output element otherwise."""
+    total = 0
+    for op in graph.ops:
+        if op.kind in ("input", "output"):
+            continue
+        out = math.prod(graph.tensors[op.outputs[0]].shape)
+        if op.kind == "matmul":
+            total += 2 * out * graph.tensors[op.inputs[0]].shape[-1]
+        else:
+            total += out
+    return total
+
+
+def winner(structures: Path, name: str, program):
+    """The top structure for ``name`` in a directory of search outputs, or None."""
+    from tuner.cmd_kernels import _check_inputs, read_structures
+
+    candidates = [structures / f"{name}.json"] + sorted(structures.glob("*.json"))
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if path.stem != name and (not isinstance(doc, dict) or doc.get("program") != name):
+            continue
+        top = read_structures(str(path))[0]
+        try:
+            _check_inputs(program, top["graph"], str(path))
+        except ValueError:
+            continue  # found at other shapes
+        return top["graph"], f"search {top['hash'][:10]}"
+    return None
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    from kernels.devices import local_cpu_spec, measure_cpu_bandwidth
+    from kernels.isolate import IsolatedWorker
+    from kernels.measure import measure_program
+    from search.handwritten import handwritten
+    from search.suite import load_program
+
+    spec = local_cpu_spec()
+    bw = measure_cpu_bandwidth()
+    threads = args.threads or spec.sm_count
+    copy = bw["copy_1t_gbs"] if threads == 1 else bw["copy_gbs"]
+    balance = spec.peak_fp32_flops * threads / spec.sm_count / (copy * 1e9)
+    print(f"# {spec.name}, {spec.sm_count} cores, {threads} thread(s); copy bandwidth "
+          f"{copy:.1f} GB/s ({'one thread' if threads == 1 else 'all cores'}, measured "
+          f"{bw['measured_at']}); balance {balance:.1f} FLOP/B; load {os.getloadavg()[0]:.2f}",
+          file=sys.stderr)
+    rows = []
+    with IsolatedWorker() as worker:
+        for label, name, overrides in ROWS:
+            if args.only and not any(o in label for o in args.only):
+                continue
+            program = load_program(name, overrides)
+            found = winner(Path(args.structures), name, program) if args.structures else None
+            structure, source = found or (handwritten(program), "hand-written")
+            t0 = time.perf_counter()
+            m = measure_program(program, structure, None, worker=worker,
+                                timing={"budget_s": args.budget})
+            ref = program.build()
+            intensity = flops(ref) / max(1, m.bytes_moved or 1)
+            row = {"label": label, "shapes": ", ".join(
+                f"{n} {'x'.join(map(str, s))}" for n, s in program.inputs.items()),
+                "structure": source, "status": m.status, "fused_ms": m.kernel_s * 1e3,
+                "numpy_ms": m.baseline_s * 1e3, "ratio": m.speedup, "gbs": m.achieved_gbs,
+                "of_copy": m.achieved_gbs / copy, "memory_bound": intensity < balance,
+                "flop_per_byte": intensity, "max_err": m.max_error, "message": m.message,
+                "seconds": time.perf_counter() - t0}
+            row["fails"] = targets(row, name)
+            rows.append(row)
+            print(f"# {label}: {m.status} in {row['seconds']:.1f} s", file=sys.stderr)
+    return rows
+
+
+def targets(row: dict, name: str) -> list[str]:
+    """The targets this row misses (empty: PASS)."""
+    if row["status"] != "ok":
+        return [row["status"]]
+    need = 2.0 if name in TWO_X else 1.0
+    fails = [f"ratio<{need:g}"] if not row["ratio"] >= need else []
+    if row["memory_bound"] and not row["of_copy"] >= MEMORY_TARGET:
+        fails.append(f"bw<{MEMORY_TARGET:.0%}")
+    return fails
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| program | shapes | structure | fused ms | numpy ms | ratio | GB/s | of copy | "
+            "bound | target |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        verdict = "PASS" if not r["fails"] else "FAIL (" + ", ".join(r["fails"]) + ")"
+        lines.append(f"| {r['label']} | {r['shapes']} | {r['structure']} | {r['fused_ms']:.3f} | "
+                     f"{r['numpy_ms']:.3f} | {r['ratio']:.2f} | {r['gbs']:.1f} | "
+                     f"{r['of_copy']:.0%} | {'memory' if r['memory_bound'] else 'compute'} | "
+                     f"{verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads for both sides (default: all cores)")
+    parser.add_argument("--structures", metavar="DIR",
+                        help="directory of search outputs (<program>.json); default: the "
+                             "hand-written structures")
+    parser.add_argument("--budget", type=float, default=1.0,
+                        help="timing budget per side and row, seconds (default 1)")
+    parser.add_argument("--only", nargs="*", help="rows whose label contains one of these")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+    if args.threads < 0:
+        parser.error("--threads must be ≥ 1 (or 0 for all cores)")
+    if args.threads:  # before numpy (OpenBLAS) and the worker (OpenMP) start
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.threads)
+    if args.structures and not Path(args.structures).is_dir():
+        parser.error(f"--structures {args.structures}: not a directory")
+    sys.path.insert(0, str(ROOT))
+    rows = run(args)
+    print(json.dumps(rows, indent=2) if args.json else table(rows))
+    return 0 if all(not r["fails"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
