@@ -77,24 +77,26 @@ class BuildResult:
 def build_cpu(graph: KernelGraph, config: Mapping[str, int] | None = None, *,
               name: str = "prog", seed: int = 0, timing: dict | None = None,
               worker: IsolatedWorker | None = None, timeout_s: float = 60.0,
-              inputs: Sequence[np.ndarray] | None = None) -> BuildResult:
+              inputs: Sequence[np.ndarray] | None = None,
+              env: Mapping[str, str | None] | None = None) -> BuildResult:
     """Lower ``graph`` for the cpu, render C++, compile and run it once in a worker, checked
     against the float reference.
 
     ``timing`` (kernels.timing.measure keyword arguments) also times the kernel in the worker;
-    ``inputs`` replaces the random inputs (float32 arrays in the graph's input order).
+    ``inputs`` replaces the random inputs (float32 arrays in the graph's input order); ``env``
+    is the worker's environment for this job (e.g. OMP_NUM_THREADS).
     """
     spec = resolve_spec("cpu")
     bound, _, _ = concretize(graph, config, spec)
     plan = lower(graph, config, spec, name)
     return check_plan(plan, bound, seed=seed, timing=timing, worker=worker,
-                      timeout_s=timeout_s, inputs=inputs)
+                      timeout_s=timeout_s, inputs=inputs, env=env)
 
 
 def check_plan(plan: KernelPlan, bound: KernelGraph, *, source: str | None = None,
                seed: int = 0, timing: dict | None = None, worker: IsolatedWorker | None = None,
-               timeout_s: float = 60.0, inputs: Sequence[np.ndarray] | None = None
-               ) -> BuildResult:
+               timeout_s: float = 60.0, inputs: Sequence[np.ndarray] | None = None,
+               env: Mapping[str, str | None] | None = None) -> BuildResult:
     """Run ``plan`` (any device's plan prints correctly in C++) on the cpu against the float
     reference of ``bound``, the concrete graph it was lowered from.  ``source`` replaces the
     C++ rendering (any text with the same entry point)."""
@@ -109,7 +111,8 @@ def check_plan(plan: KernelPlan, bound: KernelGraph, *, source: str | None = Non
                 default=0.0)
     atol = max(atol, rtol * scale)
     job = {"source": source, "inputs": xs, "outputs": [tuple(b.shape) for b in plan.outputs],
-           "expected": expected, "rtol": rtol, "atol": atol, "timing": timing}
+           "expected": expected, "rtol": rtol, "atol": atol, "timing": timing,
+           "env": dict(env or {})}
     res = run_isolated(job, timeout_s, worker)
     return BuildResult(res.status, res.message, plan, source, res.payload.get("library"),
                        list(res.payload.get("max_abs_err", [])),

@@ -97,10 +97,6 @@ static inline void mm_tile(const float* const* a, const int sa, const float* __r
     for (int j = 0; j < CB; ++j) acc[q][j] = tuner_vf{};
   for (int k = 0; k < kn; ++k) {
     const float* bk = b + k * sb + c0;
-#ifdef TUNER_PF
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) __builtin_prefetch(bk + (CB + j) * TUNER_VL);
-#endif
     tuner_vf bv[CB];
 #pragma GCC unroll 8
     for (int j = 0; j < CB; ++j) memcpy(&bv[j], bk + j * TUNER_VL, sizeof(tuner_vf));

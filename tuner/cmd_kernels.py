@@ -216,8 +216,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
         if not ok:
             raise InputError(f"--device cuda: no usable GPU ({reason}); use --device cpu")
         from kernels.cuda import measure_program_cuda
+        from kernels.devices import cuda_device_spec
 
-        program, structure, config, _ = _prepare(args, "cuda")
+        program, structure, config, _ = _prepare(args, cuda_device_spec())
         m = measure_program_cuda(program, structure, config, timing=timing)
     else:
         from kernels.measure import measure_program
