@@ -19,6 +19,7 @@ from typing import Any
 
 import egglog.bindings as egg
 
+from .dimclass import dim_classes, out_classes
 from .graph import BlockGraph, Graph, KernelGraph
 from .ops import OPS, Expr
 
@@ -35,10 +36,11 @@ _AXIOMS = """
 (birewrite (Add (Div a b) (Div c b)) (Div (Add a c) b))
 (birewrite (Mul a (Div b c)) (Div (Mul a b) c))
 (birewrite (Div (Div a b) c) (Div a (Mul b c)))
-(birewrite (Sum (Sum a)) (Sum a))
-(birewrite (Sum (Add a b)) (Add (Sum a) (Sum b)))
-(birewrite (Sum (Mul a b)) (Mul (Sum a) b))
-(birewrite (Sum (Div a b)) (Div (Sum a) b))
+(birewrite (Sum c (Sum c a)) (Sum c a))
+(rewrite (Sum c (Sum d a)) (Sum d (Sum c a)))
+(birewrite (Sum c (Add a b)) (Add (Sum c a) (Sum c b)))
+(birewrite (Sum c (Mul a b)) (Mul (Sum c a) b))
+(birewrite (Sum c (Div a b)) (Div (Sum c a) b))
 """
 
 
@@ -48,6 +50,8 @@ def to_sexpr(term: Expr) -> str:
         return f'(Var "{term[1]}")'
     if tag == "cst":
         return f'(Cst "{term[1]}")'
+    if tag == "sum":
+        return f'(Sum "{term[1]}" {to_sexpr(term[2])})'
     return f"({_FUNCS[tag]} {' '.join(to_sexpr(t) for t in term[1:])})"
 
 
@@ -74,6 +78,9 @@ class SaturatedTarget:
         if tag in ("var", "cst"):
             leaf = self.table.get(("leaf", f'"{term[1]}"'))
             result = leaf and self.table.get(("Var" if tag == "var" else "Cst", leaf))
+        elif tag == "sum":
+            kids = [self.table.get(("leaf", f'"{term[1]}"')), self.eclass(term[2])]
+            result = None if None in kids else self.table.get(("Sum", *kids))
         else:
             kids = [self.eclass(t) for t in term[1:]]
             result = None if None in kids else self.table.get((_FUNCS[tag], *kids))
@@ -96,7 +103,7 @@ def saturate(outputs: Iterable[Expr], *, max_nodes: int = 50_000, max_iterations
     fixpoint was reached — if not, pruning may lose structures and the stats report it)."""
     start = time.perf_counter()
     eg = egg.EGraph()
-    decl = ["(datatype M (Var String) (Cst String) (Add M M) (Mul M M) (Div M M) (Sum M)"
+    decl = ["(datatype M (Var String) (Cst String) (Add M M) (Mul M M) (Div M M) (Sum String M)"
             " (Exp M) (Sqrt M) (Silu M) (Sigmoid M) (Gelu M) (Relu M))", _AXIOMS]
     outputs = list(outputs)
     for i, term in enumerate(outputs):
@@ -135,40 +142,53 @@ def _hashcons(eg: egg.EGraph, n_outputs: int) -> tuple[dict[tuple, str], list[st
 
 
 class Expressions:
-    """Abstract expressions of every tensor of a graph, computed from the op table."""
+    """Abstract expressions of every tensor of a graph, computed from the op table, with the
+    dimension classes each op reduces (so sums over unrelated dims stay distinct)."""
 
     @staticmethod
-    def of_kernel_graph(graph: KernelGraph, names: Mapping[int, str] | None = None
+    def of_kernel_graph(graph: KernelGraph, classes: Mapping[int, tuple] | None = None
                         ) -> dict[int, Expr]:
+        if classes is None:
+            classes = dim_classes(graph).of
+        cls = dict(classes)
         exprs: dict[int, Expr] = {}
         for op in graph.ops:
             if op.kind == "input":
                 t = op.outputs[0]
-                exprs[t] = ("var", (names or {}).get(t) or graph.tensors[t].name or f"in{t}")
+                exprs[t] = ("var", graph.tensors[t].name or f"in{t}")
             elif op.kind == "graph_kernel":
                 bg: BlockGraph = op.attrs["block_graph"]
-                sub = Expressions.of_block_graph(bg, [exprs[t] for t in op.inputs])
-                outs = [sub[o.inputs[0]] for o in bg.ops_of("output")]
-                exprs.update(zip(op.outputs, outs, strict=True))
+                sub, sub_cls = Expressions.of_block_graph(
+                    bg, [exprs[t] for t in op.inputs], [cls[t] for t in op.inputs])
+                outs = [o.inputs[0] for o in bg.ops_of("output")]
+                for t, o in zip(op.outputs, outs, strict=True):
+                    exprs[t], cls[t] = sub[o], sub_cls[o]
             elif op.kind != "output":
-                exprs[op.outputs[0]] = Expressions.of_op(graph, op, exprs)
+                attrs = dict(op.attrs, _cls=[cls[t] for t in op.inputs])
+                exprs[op.outputs[0]] = Expressions.of_op(graph, op, exprs, attrs)
+                cls.setdefault(op.outputs[0], out_classes(op.kind, op.attrs, attrs["_cls"]))
         return exprs
 
     @staticmethod
-    def of_block_graph(bg: BlockGraph, inputs: list[Expr]) -> dict[int, Expr]:
+    def of_block_graph(bg: BlockGraph, inputs: list[Expr], input_classes: list[tuple]
+                       ) -> tuple[dict[int, Expr], dict[int, tuple]]:
         exprs: dict[int, Expr] = {}
+        cls: dict[int, tuple] = {}
+        loop_cls = next((input_classes[o.attrs["index"]][o.attrs["fmap"]]
+                         for o in bg.ops_of("input") if o.attrs["fmap"] >= 0), -1)
         for op in bg.ops:
             if op.kind == "input":
-                exprs[op.outputs[0]] = inputs[op.attrs["index"]]
+                t = op.outputs[0]
+                exprs[t], cls[t] = inputs[op.attrs["index"]], input_classes[op.attrs["index"]]
             elif op.kind != "output":
-                exprs[op.outputs[0]] = Expressions.of_op(bg, op, exprs)
-        return exprs
+                attrs = dict(op.attrs, _cls=[cls[t] for t in op.inputs], _loop_cls=loop_cls,
+                             _loop=bg.forloop_range != 1)
+                exprs[op.outputs[0]] = Expressions.of_op(bg, op, exprs, attrs)
+                cls[op.outputs[0]] = out_classes(op.kind, op.attrs, attrs["_cls"])
+        return exprs, cls
 
     @staticmethod
-    def of_op(graph: Graph, op, exprs: Mapping[int, Expr]) -> Expr:
-        attrs = dict(op.attrs)
-        if isinstance(graph, BlockGraph):
-            attrs["_loop"] = graph.forloop_range != 1
+    def of_op(graph: Graph, op, exprs: Mapping[int, Expr], attrs: dict) -> Expr:
         shapes = [graph.tensors[t].shape for t in op.inputs]
         return OPS[op.kind].abstract([exprs[t] for t in op.inputs], shapes, attrs)
 

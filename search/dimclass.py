@@ -64,6 +64,8 @@ def dim_classes(graph: KernelGraph) -> DimClasses:
             for d in range(rank - 2):
                 tie(out, d, a, d)
                 tie(out, d, b, d)
+        elif op.kind == "graph_kernel":
+            continue  # a structure's kernel: its classes come from the reference's
         elif op.kind in ("sum", "mean"):
             for d in range(rank):
                 if d != op.attrs["dim"]:
@@ -87,3 +89,23 @@ def dim_classes(graph: KernelGraph) -> DimClasses:
             ids.append(cls)
         of[tid] = tuple(ids)
     return DimClasses(of, sizes)
+
+
+def _merge(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(x if x != -1 else y for x, y in zip(a, b, strict=True))
+
+
+def out_classes(kind: str, attrs: dict, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """Dim classes of an op's result from its operands' (the forward half of dim_classes)."""
+    if kind == "matmul":
+        a, b = ins
+        return (*_merge(a[:-2], b[:-2]), a[-2], b[-1])
+    if kind in ("sum", "mean"):
+        x, d = ins[0], attrs["dim"]
+        return x[:d] + (-1,) + x[d + 1:]
+    if kind == "accum":
+        x = ins[0]
+        return x if attrs["kind"] == "no_red" else x[:-1] + (-1,)
+    if len(ins) == 2:
+        return _merge(ins[0], ins[1])
+    return ins[0]

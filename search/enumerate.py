@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .absexpr import Expressions, SaturatedTarget, saturate, target_expressions
-from .dimclass import DimClasses, dim_classes
+from .dimclass import DimClasses, dim_classes, out_classes
 from .dims import ShapeError
 from .graph import BlockGraph, KernelGraph, Op
 from .ops import OPS, Expr
@@ -162,7 +162,8 @@ class Context:
                    for t in range(len(ref.input_ids), len(g.tensors))})
         for i, t in enumerate(ref.output_ids):
             of[-1 - i] = classes.of[t]  # outputs under negative ids
-        result = (g, Expressions.of_kernel_graph(g), DimClasses(of, classes.sizes), base)
+        exprs = Expressions.of_kernel_graph(g, {t: of[t] for t in range(len(g.tensors))})
+        result = (g, exprs, DimClasses(of, classes.sizes), base)
         self._prefix_cache[prefix] = result
         return result
 
@@ -174,7 +175,8 @@ def _op_key(kind: str, operands: tuple[int, ...], attrs: tuple) -> tuple:
 
 # --- kernel level: prefixes and shards -----------------------------------------------------
 
-def _kernel_moves(g: KernelGraph, exprs: dict[int, Expr], ctx: Context):
+def _kernel_moves(g: KernelGraph, exprs: dict[int, Expr], ctx: Context,
+                  classes: DimClasses):
     """Predefined ops over existing tensors whose expressions stay inside the target."""
     tensors = list(range(len(g.tensors)))
     for kind in ctx.limits.kernel_ops:
@@ -187,7 +189,8 @@ def _kernel_moves(g: KernelGraph, exprs: dict[int, Expr], ctx: Context):
                 attr_sets = [(("dim", d),) for d in range(len(g.tensors[operands[0]].shape))]
             for attrs in attr_sets:
                 expr = opdef.abstract([exprs[t] for t in operands],
-                                      [g.tensors[t].shape for t in operands], dict(attrs))
+                                      [g.tensors[t].shape for t in operands],
+                                      dict(attrs, _cls=[classes.of[t] for t in operands]))
                 yield kind, tuple(operands), attrs, expr
 
 
@@ -211,7 +214,7 @@ def plan_configs(ctx: Context, kernels: int = 1) -> list[Shard]:
                           if not s.inputs)
         if len(prefix) >= kernels or not lim.prune:
             return  # without pruning only single-kernel structures are explored
-        for kind, operands, attrs, expr in _kernel_moves(g, exprs, ctx):
+        for kind, operands, attrs, expr in _kernel_moves(g, exprs, ctx, classes):
             key = _op_key(kind, operands, attrs)
             if last_key is not None and key <= last_key:
                 continue
@@ -296,6 +299,7 @@ class BlockSearch:
         specs = [(self.kg.tensors[t].shape, self.kg.tensors[t].dtype) for t in shard.inputs]
         self.bg = BlockGraph(grid, "F" if shard.loop is not None else 1, (128,), specs)
         self.exprs: list = []  # e-class of each tile (pruning on), or None (pruning off)
+        self.tile_cls: list[tuple[int, ...]] = []  # dim classes of each tile's dims
         prune = ctx.limits.prune
         for i, t in enumerate(shard.inputs):
             cls = self.classes.of[t]
@@ -303,6 +307,7 @@ class BlockSearch:
             fmap = cls.index(shard.loop) if shard.loop in cls else -1
             self.bg.input(i, imap, fmap)
             self.exprs.append(ctx.target.eclass(self.kexprs[t]) if prune else None)
+            self.tile_cls.append(cls)
         self.n_inputs = len(shard.inputs)
         self.omaps = []
         for i in range(len(ctx.reference.output_ids)):
@@ -359,12 +364,14 @@ class BlockSearch:
                 else:
                     attr_sets = [()]
                 kids = tuple(self.exprs[t] for t in operands)
+                tcls = [self.tile_cls[t] for t in operands]
                 for attrs in attr_sets:
                     cls = None
                     if prune:
-                        memo_key = (kind, kids, attrs)
+                        memo_key = (kind, kids, attrs, tuple(tcls))
                         if memo_key not in memo:
-                            attrs_d = dict(attrs, _loop=looped)
+                            attrs_d = dict(attrs, _loop=looped, _cls=tcls,
+                                           _loop_cls=self.shard.loop)
                             memo[memo_key] = None if None in kids else target.apply(
                                 kind, list(kids), [bg.tensors[t].shape for t in operands],
                                 attrs_d)
@@ -416,6 +423,7 @@ class BlockSearch:
                 continue
             self.stats.states += 1
             self.exprs.append(expr)
+            self.tile_cls.append(out_classes(kind, attrs_d, [self.tile_cls[t] for t in operands]))
             for t in set(operands):
                 self.uses[t] += 1
             self.uses.append(0)
@@ -426,6 +434,7 @@ class BlockSearch:
             bg.ops.pop()
             del bg.tensors[n_tensors:]
             self.exprs.pop()
+            self.tile_cls.pop()
             self.uses.pop()
             for t in set(operands):
                 self.uses[t] -= 1

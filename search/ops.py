@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .dims import Dim, ShapeError, fmt_shape
 
@@ -144,12 +145,25 @@ def _accum_shape(shapes: Sequence[Shape], attrs: dict) -> Shape:
 
 # --- abstract expressions ----------------------------------------------------------------
 # Terms over the program's inputs in the style of Mirage: ("var", name), ("cst", value),
-# ("add", a, b), ("mul", a, b), ("div", a, b), ("sum", e), ("exp", e), ("sqrt", e), and the
-# non-Lax functions.  Sums carry no size and no index: the abstraction is coarser than the
-# sized one (so pruning with it stays sound) and makes tile-level and tensor-level terms of the
-# same computation identical: sum over a tile then over the loop is sum(sum(e)) = sum(e).
+# ("add", a, b), ("mul", a, b), ("div", a, b), ("sum", cls, e), ("exp", e), ("sqrt", e), and
+# the non-Lax functions.  A sum names the *dimension class* it reduces (search.dimclass), not
+# its size: a tile-level sum then a for-loop accumulation over the same class is one sum
+# (sum(c, sum(c, e)) = sum(c, e)), while a sum over an unrelated dim is a different term.
+# Callers pass per-operand dim classes in attrs["_cls"] and the loop's in attrs["_loop_cls"];
+# without them every dim counts as one anonymous class, which is coarser but still sound.
 
-INV = ("cst", "1/n")  # the normalisation constant of a mean, whatever n is
+
+def _dim_cls(a: dict, operand: int, dim: int) -> Any:
+    classes = a.get("_cls")
+    return classes[operand][dim] if classes else "?"
+
+
+def _sum(cls: Any, e: Expr) -> Expr:
+    return e if cls == -1 else ("sum", f"c{cls}", e)
+
+
+def _inv(*classes: Any) -> Expr:
+    return ("cst", "1/" + "·".join(f"c{c}" for c in classes if c != -1))
 
 
 def _neg(e: Expr) -> Expr:
@@ -166,21 +180,40 @@ def _abs_binary(tag: str):
     return lambda e, s, a: (tag, e[0], e[1])
 
 
-def _abs_mean(e: Expr) -> Expr:
-    return ("mul", ("sum", e), INV)
+def _abs_matmul(e, s, a):
+    return _sum(_dim_cls(a, 0, -1), ("mul", e[0], e[1]))
 
 
-def _abs_rms(e: Expr) -> Expr:
-    return ("sqrt", _abs_mean(("mul", e, e)))
+def _abs_reduce(mean: bool):
+    def rule(e, s, a):
+        cls = _dim_cls(a, 0, a["dim"])
+        if cls == -1:
+            return e[0]
+        return ("mul", _sum(cls, e[0]), _inv(cls)) if mean else _sum(cls, e[0])
+    return rule
+
+
+def _abs_rms_norm(e, s, a):
+    cls = _dim_cls(a, 0, -1)
+    if cls == -1:
+        return ("div", e[0], ("sqrt", ("mul", e[0], e[0])))
+    return ("div", e[0], ("sqrt", ("mul", _sum(cls, ("mul", e[0], e[0])), _inv(cls))))
 
 
 def _abs_accum(e, s, a):
     kind, x = a["kind"], e[0]
+    looped = a.get("_loop", True)
+    loop = a.get("_loop_cls", "F") if looped else -1
     if kind == "no_red":
-        return ("sum", x) if a.get("_loop", True) else x
+        return _sum(loop, x)
+    last = _dim_cls(a, 0, -1)
+    base = x if kind in ("sum", "mean") else ("mul", x, x)
+    total = _sum(loop, _sum(last, base))
     if kind == "sum":
-        return ("sum", x)
-    return _abs_mean(x) if kind == "mean" else _abs_rms(x)
+        return total
+    classes = [loop] if loop == last else [loop, last]
+    mean = ("mul", total, _inv(*classes))
+    return mean if kind == "mean" else ("sqrt", mean)
 
 
 def _no_shape(shapes, attrs):  # pragma: no cover - never called for these ops
@@ -204,17 +237,15 @@ def _build() -> dict[str, OpDef]:
               doc="a kernel input (shape, dtype) or, in a block graph, a tile of one"),
         OpDef("output", 1, _BOTH, None, None, ("omap",),
               doc="marks a graph output; in a block graph, omap places the tile"),
-        OpDef("matmul", 2, _BOTH, _matmul_shape, lambda e, s, a: ("sum", ("mul", e[0], e[1])),
-              doc="a @ b over the last two dims"),
+        OpDef("matmul", 2, _BOTH, _matmul_shape, _abs_matmul, doc="a @ b over the last two dims"),
         OpDef("mul_scalar", 1, _BOTH, _scalar_shape,
               lambda e, s, a: ("mul", e[0], ("cst", float(a["scalar"]))),
               ("scalar",), elementwise=True, doc="x · c for a numeric constant c"),
-        OpDef("sum", 1, _BOTH, _reduce_shape("sum"), lambda e, s, a: ("sum", e[0]), ("dim",),
+        OpDef("sum", 1, _BOTH, _reduce_shape("sum"), _abs_reduce(mean=False), ("dim",),
               doc="sum over one dim, kept with size 1"),
-        OpDef("mean", 1, _BOTH, _reduce_shape("mean"), lambda e, s, a: _abs_mean(e[0]), ("dim",),
+        OpDef("mean", 1, _BOTH, _reduce_shape("mean"), _abs_reduce(mean=True), ("dim",),
               doc="mean over one dim, kept with size 1"),
-        OpDef("rms_norm", 1, _BOTH, _unary("rms_norm"),
-              lambda e, s, a: ("div", e[0], _abs_rms(e[0])),
+        OpDef("rms_norm", 1, _BOTH, _unary("rms_norm"), _abs_rms_norm,
               doc="x / sqrt(mean(x², last dim)), no weight, no epsilon"),
         OpDef("accum", 1, frozenset({BLOCK}), _accum_shape, _abs_accum, ("kind",),
               doc="for-loop accumulator: no_red (sum over iterations) or sum/mean/rms of the "
