@@ -2,8 +2,11 @@
 
 Traffic is the bytes every kernel reads and writes in global memory at the program's real
 shapes, counting each tensor once per kernel (the ideal, before replication by the grid).
-Ties go to the smaller per-block working set, with every grid / loop symbol at a nominal 16,
-which is what prefers a for-loop over the shared dimension to one block holding all of it.
+Ties go to the smaller per-block working set, each symbol splitting its dim into at most 16
+parts and never into parts below 64 elements (a nominal tiling, before Optuna picks a real
+one): that prefers a for-loop over a long shared dimension to one block holding all of it,
+and does not reward splitting a dim that is already small.  Then fewer block ops, then fewer
+symbols.
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 NOMINAL = 16.0
 
 
+MIN_PART = 64
+
+
 def _size(shape) -> float:
     total = 1.0
     for d in shape:
         if isinstance(d, SymDim):
-            total *= d.coef * NOMINAL ** (len(d.num) - len(d.den))
+            parts = min(NOMINAL ** len(d.den), max(1.0, d.coef / MIN_PART))
+            total *= d.coef * NOMINAL ** len(d.num) / parts
         else:
             total *= d
     return total
@@ -47,4 +54,5 @@ def describe(structure_hash: str, graph: KernelGraph) -> dict:
 
 def rank(structures: list[dict]) -> list[dict]:
     return sorted(structures, key=lambda s: (s["num_kernels"], s["bytes_moved"],
-                                             s["tile_elements"], s["block_ops"], s["hash"]))
+                                             s["tile_elements"], s["block_ops"],
+                                             len(s["symbols"]), s["hash"]))

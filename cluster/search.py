@@ -225,6 +225,7 @@ def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dic
     by_id = {c.config_id: c for c in configs}
     pending: dict[str, set[str]] = {}
     hit: dict[str, bool] = {}
+    best = [10**9]  # smallest op count verified in any configuration so far
 
     def submit(cid: str) -> None:
         shard = by_id[cid].at(level[cid])
@@ -253,8 +254,12 @@ def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dic
             continue
         del pending[cid]
         if hit[cid]:
+            best[0] = min(best[0], level[cid])
             continue
-        if 0 < level[cid] < limits.max_block_ops and not _past(payload):
+        ceiling = limits.max_block_ops
+        if limits.max_extra_ops is not None and best[0] < 10**9:
+            ceiling = min(ceiling, best[0] + limits.max_extra_ops)
+        if 0 < level[cid] < ceiling and not _past(payload):
             level[cid] += 1
             submit(cid)
         else:

@@ -43,6 +43,9 @@ class Limits:
     block_ops: tuple[str, ...] = DEFAULT_BLOCK_OPS
     prune: bool = True
     time_limit_s: float | None = None
+    # a configuration stops deepening this many ops past the smallest block graph verified
+    # in any configuration (None: deepen every configuration to max_block_ops)
+    max_extra_ops: int | None = 1
 
     def __post_init__(self) -> None:
         for name in (*self.kernel_ops, *self.block_ops):
@@ -252,6 +255,9 @@ def _block_shards(ctx: Context, prefix, g: KernelGraph, exprs, classes: DimClass
     consumed = {t for op in g.ops for t in op.inputs}
     must = produced - consumed  # prefix results nobody else reads: the kernel must
     outs = [classes.of[-1 - i] for i in range(n_out)]
+    # A single kernel's blocks cannot combine partial sums: a dim the program reduces must
+    # not be split across blocks (sums have no size in the abstraction, so say it here).
+    reduced = reduced_classes(ctx.reference)
     if all(exprs.get(t) is not None for t in must) and len(must) == n_out and ctx.limits.prune:
         got = [ctx.target.eclass(exprs[t]) for t in sorted(must)]
         if sorted(map(str, got)) == sorted(map(str, ctx.roots)):
@@ -265,7 +271,8 @@ def _block_shards(ctx: Context, prefix, g: KernelGraph, exprs, classes: DimClass
                 continue
             present = {c for t in inputs for c in classes.of[t] if c >= 0}
             placeable = [c for c in present if all(c in o for o in outs)
-                         and classes.sizes[c] >= 2]
+                         and classes.sizes[c] >= 2
+                         and not (not prefix and c in reduced)]
             # a loop over a dim the outputs keep could never give the outputs their shape
             out_classes = {c for o in outs for c in o}
             loops = [None] + [c for c in sorted(present) if c not in out_classes
@@ -276,11 +283,24 @@ def _block_shards(ctx: Context, prefix, g: KernelGraph, exprs, classes: DimClass
     return shards
 
 
+def reduced_classes(reference: KernelGraph) -> set[int]:
+    """Dimension classes that the program sums over (matmul, sum, mean, rms_norm)."""
+    classes = dim_classes(reference).of
+    out: set[int] = set()
+    for op in reference.ops:
+        if op.kind in ("matmul", "rms_norm"):
+            out.add(classes[op.inputs[0]][-1])
+        elif op.kind in ("sum", "mean"):
+            out.add(classes[op.inputs[0]][op.attrs["dim"]])
+    out.discard(-1)
+    return out
+
+
 def split_shard(ctx: Context, shard: Shard) -> list[Shard]:
     """A shard cut by its first block op, so that one heavy shard can keep workers busy."""
     search = BlockSearch(ctx, shard)
-    search.uses = [0] * len(search.bg.tensors)
-    n_first = len(search._next_moves(None, 0))
+    search.sig = [search._signature(t) for t in range(len(search.bg.tensors))]
+    n_first = len(search.first_moves())
     return [shard.at(shard.ops, i) for i in range(n_first)]
 
 
@@ -294,6 +314,7 @@ class BlockSearch:
         self.kg, self.kexprs, self.classes, _ = ctx.prefix_graph(shard.prefix)
         self.stats = Stats()
         self.memo: dict[tuple, str | None] = {}
+        self.sig_ids: dict[tuple, int] = {}
         self.block_ops = ctx.useful_ops(ctx.limits.block_ops)
         grid = tuple(GRID_SYMBOLS[i] for i in range(len(shard.grid)))
         specs = [(self.kg.tensors[t].shape, self.kg.tensors[t].dtype) for t in shard.inputs]
@@ -317,98 +338,89 @@ class BlockSearch:
         self.deadline = (time.monotonic() + ctx.limits.time_limit_s
                          if ctx.limits.time_limit_s else None)
 
-    def first_moves(self) -> Iterator[tuple]:
-        return self._moves(None, 0, set())
+    def first_moves(self) -> list[tuple]:
+        return self._new_moves(range(len(self.bg.tensors)))
 
-    def _operand_tuples(self, arity: int, floor: int, need: int, unread: set[int]):
-        """Operand tuples whose newest tensor is ≥ ``floor`` (canonical order) and that read at
-        least ``need`` tensors nobody has read yet (otherwise the op budget cannot close)."""
-        tensors = range(len(self.bg.tensors))
-        if arity == 1:
-            pool = sorted(unread) if need >= 1 else tensors
-            return [(t,) for t in pool if t >= floor]
-        out = []
-        for a in tensors:
-            for b in tensors:
-                if max(a, b) < floor:
-                    continue
-                fresh = (a in unread) + (b in unread and b != a)
-                if fresh >= need:
-                    out.append((a, b))
-        return out
-
-    def _moves(self, last_key: tuple | None, need: int, unread: set[int]) -> Iterator[tuple]:
-        """Candidate ops, each with its e-class already looked up (None when not pruning)."""
-        bg, lim = self.bg, self.ctx.limits
-        prune, target = lim.prune, self.ctx.target
-        floor = last_key[0] if last_key is not None else -1
+    def _new_moves(self, fresh: range) -> list[tuple]:
+        """Ops whose newest operand is in ``fresh``, sorted by canonical key, each with its
+        e-class looked up once (moves that leave the target are dropped here)."""
+        bg, prune = self.bg, self.ctx.limits.prune
         looped = bg.forloop_range != 1
-        memo = self.memo
+        memo, out = self.memo, []
         for kind in self.block_ops:
             opdef = OPS[kind]
-            if need > opdef.arity:
-                continue
-            for operands in self._operand_tuples(opdef.arity, floor, need, unread):
-                if opdef.commutative and operands[0] > operands[-1]:
-                    continue
-                first = bg.tensors[operands[0]]
-                if kind == "accum":
-                    if first.stage == "epilogue":
-                        continue
-                    kinds = ("no_red", "sum", "mean", "rms") if looped else ("no_red",)
-                    attr_sets = [(("kind", k),) for k in kinds]
-                elif "dim" in opdef.attrs:
-                    attr_sets = [(("dim", d),) for d, s in enumerate(first.shape) if s != 1]
-                elif kind == "mul_scalar":
-                    attr_sets = [(("scalar", c),) for c in self.ctx.constants]
+            for n in fresh:
+                if opdef.arity == 1:
+                    tuples = [(n,)]
+                elif opdef.commutative:
+                    tuples = [(a, n) for a in range(n + 1)]
                 else:
-                    attr_sets = [()]
-                kids = tuple(self.exprs[t] for t in operands)
-                tcls = [self.tile_cls[t] for t in operands]
-                for attrs in attr_sets:
-                    cls = None
-                    if prune:
-                        memo_key = (kind, kids, attrs, tuple(tcls))
-                        if memo_key not in memo:
-                            attrs_d = dict(attrs, _loop=looped, _cls=tcls,
-                                           _loop_cls=self.shard.loop)
-                            memo[memo_key] = None if None in kids else target.apply(
-                                kind, list(kids), [bg.tensors[t].shape for t in operands],
-                                attrs_d)
-                        cls = memo[memo_key]
-                        if cls is None:
-                            self.stats.pruned += 1
+                    tuples = [(a, n) for a in range(n + 1)] + [(n, a) for a in range(n)]
+                for operands in tuples:
+                    first = bg.tensors[operands[0]]
+                    if kind == "accum":
+                        if first.stage == "epilogue":
                             continue
-                    if max(operands) == floor:
-                        key = _op_key(kind, operands, attrs)
-                        if key <= last_key:  # type: ignore[operator]
-                            continue
+                        kinds = ("no_red", "sum", "mean", "rms") if looped else ("no_red",)
+                        attr_sets = [(("kind", k),) for k in kinds]
+                    elif "dim" in opdef.attrs:
+                        attr_sets = [(("dim", d),) for d, s in enumerate(first.shape) if s != 1]
+                    elif kind == "mul_scalar":
+                        attr_sets = [(("scalar", c),) for c in self.ctx.constants]
                     else:
-                        key = _op_key(kind, operands, attrs)
-                    yield key, kind, operands, attrs, cls
+                        attr_sets = [()]
+                    sigs = tuple(self.sig[t] for t in operands)
+                    for attrs in attr_sets:
+                        cls = None
+                        if prune:
+                            memo_key = (kind, sigs, attrs)
+                            if memo_key not in memo:
+                                memo[memo_key] = self._classify(kind, operands, attrs, looped)
+                            cls = memo[memo_key]
+                            if cls is None:
+                                self.stats.pruned += 1
+                                continue
+                        out.append((_op_key(kind, operands, attrs), kind, operands, attrs, cls))
+        out.sort(key=lambda m: m[0])
+        return out
 
-    def _next_moves(self, last_key: tuple, depth: int) -> list[tuple]:
-        """Moves at ``depth`` given the op budget: tiles left unread must still fit."""
-        n_out = len(self.ctx.reference.output_ids)
-        unread = {t for t, n in enumerate(self.uses) if n == 0}
-        remaining_after = self.shard.ops - depth - 1
-        need = len(unread) + 1 - n_out - remaining_after
-        return list(self._moves(last_key, max(0, need), unread))
+    def _classify(self, kind: str, operands: tuple[int, ...], attrs: tuple,
+                  looped: bool) -> str | None:
+        kids = [self.exprs[t] for t in operands]
+        if None in kids:
+            return None
+        tcls = [self.tile_cls[t] for t in operands]
+        attrs_d = dict(attrs, _loop=looped, _cls=tcls, _loop_cls=self.shard.loop)
+        shapes = [self.bg.tensors[t].shape for t in operands]
+        return self.ctx.target.apply(kind, kids, shapes, attrs_d)
+
+    def _signature(self, t: int) -> int:
+        """A small id for (e-class, dim classes) of tile ``t``: what its expression depends on."""
+        return self.sig_ids.setdefault((self.exprs[t], self.tile_cls[t]), len(self.sig_ids))
 
     def run(self) -> Iterator[KernelGraph]:
         """Block graphs of exactly ``shard.ops`` ops that complete the outputs."""
         self.uses = [0] * len(self.bg.tensors)
-        moves = self._next_moves(None, 0)
-        if self.shard.first_op is not None:
-            moves = moves[self.shard.first_op:self.shard.first_op + 1]
-        yield from self._dfs(moves, 0)
+        self.sig = [self._signature(t) for t in range(len(self.bg.tensors))]
+        yield from self._dfs(self.first_moves(), 0, only=self.shard.first_op)
 
-    def _dfs(self, moves, depth: int) -> Iterator[KernelGraph]:
+    def _dfs(self, moves: list[tuple], depth: int,
+             only: int | None = None) -> Iterator[KernelGraph]:
+        """``moves`` is sorted by key: after choosing move i, the child may use moves i+1…
+        (the canonical order) plus the moves that read the tile just made."""
         bg, total = self.bg, self.shard.ops
-        for key, kind, operands, attrs, expr in moves:
+        n_out = len(self.ctx.reference.output_ids)
+        unread = {t for t, n in enumerate(self.uses) if n == 0}
+        # tiles nobody reads must be read later or be outputs, one fewer per op at best
+        need = max(0, len(unread) + 1 - n_out - (total - depth - 1))
+        for i, (_key, kind, operands, attrs, expr) in enumerate(moves):
+            if only is not None and i != only:
+                continue  # a split shard takes one first move (and keeps the later ones)
             if self.deadline and time.monotonic() > self.deadline:
                 self.stats.timed_out = True
                 return
+            if need and sum(1 for t in set(operands) if t in unread) < need:
+                continue
             attrs_d = dict(attrs)
             n_tensors = len(bg.tensors)
             try:
@@ -424,17 +436,20 @@ class BlockSearch:
             self.stats.states += 1
             self.exprs.append(expr)
             self.tile_cls.append(out_classes(kind, attrs_d, [self.tile_cls[t] for t in operands]))
+            self.sig.append(self._signature(n_tensors))
             for t in set(operands):
                 self.uses[t] += 1
             self.uses.append(0)
             if depth + 1 == total:
                 yield from self._emit()
             else:
-                yield from self._dfs(self._next_moves(key, depth + 1), depth + 1)
+                child = moves[i + 1:] + self._new_moves(range(n_tensors, n_tensors + 1))
+                yield from self._dfs(child, depth + 1)
             bg.ops.pop()
             del bg.tensors[n_tensors:]
             self.exprs.pop()
             self.tile_cls.pop()
+            self.sig.pop()
             self.uses.pop()
             for t in set(operands):
                 self.uses[t] -= 1

@@ -9,8 +9,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from importlib import import_module
 
 from . import api
+
+COMMAND_MODULES = ("tuner.cmd_search", "tuner.cmd_kernels")
 
 
 class UsageError(Exception):
@@ -108,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="finite field (default, with a false-positive bound) or float64")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(func=cmd_verify)
+    for module in COMMAND_MODULES:  # each command family registers its own subcommands
+        import_module(module).register(sub)
     return parser
 
 
