@@ -102,6 +102,9 @@ def verify_structure(structure: KernelGraph, small_reference: KernelGraph,
     except ValueError as err:
         return False, f"cannot instantiate small: {err}"
     verdict = equivalent(small_reference, small, tests=tests)
+    if verdict.equivalent and verdict.output_map != sorted(verdict.output_map):
+        # equal up to output order: a structure returns its outputs in the program's order
+        return False, f"outputs in another order ({verdict.output_map})"
     return verdict.equivalent, verdict.reason
 
 

@@ -17,6 +17,8 @@ _EXPORTS = {
     "cuda_available": "devices", "roofline": "devices", "cache_root": "devices",
     "compile_cpp": "compile", "CompileError": "compile", "nvcc_check": "compile",
     "nvcc_available": "compile", "NvccReport": "compile", "KernelResources": "compile",
+    "build_cuda": "cuda", "measure_program_cuda": "cuda", "CudaUnavailable": "cuda",
+    "CudaKernel": "cuda", "launches": "cuda", "default_env": "measure",
     "run_isolated": "isolate", "IsolatedWorker": "isolate", "RunResult": "isolate",
     "STATUSES": "isolate", "measure": "timing", "Timing": "timing",
 }

@@ -1,0 +1,177 @@
+"""The structural search: soundness of pruning, winners, sharding over Ray, faults, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster import LocalExecutor, RayExecutor, search_program, verify_structure
+from search import structural_hash
+from search.enumerate import Limits, Shard
+from search.serialize import from_obj
+from search.suite import load_program, small_instance
+from tuner.cli import main
+
+SMALL_OPS = ("matmul", "exp", "div", "mul", "add", "sum", "rms_norm", "accum")
+
+
+def _search(name: str, overrides=None, **limits):
+    program = load_program(name, overrides or {})
+    return search_program(program, Limits(**limits), executor=LocalExecutor())
+
+
+def _block(result):
+    """The block graph of the best structure, with its input ops by kernel input index."""
+    graph = from_obj(result.best["graph"])
+    (op,) = graph.ops_of("graph_kernel")
+    bg = op.attrs["block_graph"]
+    names = [graph.tensors[t].name for t in op.inputs]
+    inputs = {names[o.attrs["index"]]: o for o in bg.ops_of("input")}
+    return graph, bg, inputs
+
+
+@pytest.mark.parametrize("name,overrides", [
+    ("softmax_rows", {"rows": 16, "cols": 16}),
+    ("rmsnorm_matmul", {"X": "4x16", "W": "16x16"}),
+    ("rmsnorm_residual", {"tokens": 8, "X": "8x16", "R": "8x16"}),
+])
+def test_pruning_loses_no_verified_structure(name, overrides):
+    """Within the same limits, abstract-expression pruning keeps exactly the verified set."""
+    limits = {"max_block_ops": 6, "block_ops": SMALL_OPS, "max_extra_ops": None}
+    pruned = _search(name, overrides, prune=True, **limits)
+    full = _search(name, overrides, prune=False, **limits)
+    assert pruned.verified, "the search found nothing to compare"
+    assert set(pruned.verified) == set(full.verified)
+    assert pruned.stats.states < full.stats.states  # and it did prune
+
+
+def test_rmsnorm_matmul_winner_is_the_expected_fused_kernel():
+    result = _search("rmsnorm_matmul", {"X": "16x1024", "W": "1024x1024"})
+    assert result.best["num_kernels"] == 1 and result.best["num_graph_kernels"] == 1
+    graph, bg, inputs = _block(result)
+    assert inputs["W"].attrs["imap"][0] == 1  # grid splits W's columns
+    assert inputs["W"].attrs["fmap"] == 0 and inputs["X"].attrs["fmap"] == 1  # loop over k
+    kinds = {o.attrs["kind"] for o in bg.ops_of("accum")}
+    assert {"no_red", "rms"} <= kinds  # accumulators, normalisation from the rms accumulator
+    (div,) = bg.ops_of("div")
+    assert bg.tensors[div.outputs[0]].stage == "epilogue"  # normalised once, at the end
+
+
+@pytest.mark.parametrize("name", ["gqa", "mha", "mqa"])
+def test_attention_winner_loops_over_the_sequence(name):
+    result = _search(name)
+    assert result.best["num_kernels"] == 1
+    _, bg, inputs = _block(result)
+    seq = load_program(name).inputs["K"][2]
+    assert bg.forloop_range == "F"
+    assert inputs["K"].attrs["fmap"] == 2 and inputs["V"].attrs["fmap"] == 1
+    assert seq == 4096
+
+
+@pytest.mark.parametrize("name,limits", [
+    ("gated_mlp", {}), ("ntrans", {}), ("softmax_rows", {}), ("rmsnorm_residual", {}),
+    ("lora", {"max_block_inputs": 4}),
+])
+def test_suite_programs_fuse_into_one_kernel(name, limits):
+    program = small_instance(load_program(name))
+    result = search_program(program, Limits(**limits), executor=LocalExecutor())
+    assert result.best is not None and result.best["num_kernels"] == 1
+    small = program.build()
+    ok, reason = verify_structure(from_obj(result.best["graph"]), small)
+    assert ok, reason
+
+
+def test_lora_with_three_block_inputs_needs_two_kernels():
+    """LoRA reads four tensors; with Mirage's limit of three block inputs the best is two
+    kernels (one predefined matmul, then one fused kernel)."""
+    result = _search("lora")
+    assert result.best["num_kernels"] == 2 and result.best["num_graph_kernels"] == 1
+
+
+def test_every_verified_structure_passes_the_verifier_again():
+    result = _search("gated_mlp")
+    small = small_instance(load_program("gated_mlp")).build()
+    for h, graph in result.verified.items():
+        assert structural_hash(graph) == h
+        assert verify_structure(graph, small)[0]
+
+
+def test_shard_ids_are_stable_and_distinct():
+    a = Shard((), (0, 1), (2,), 1, 4)
+    assert a.id == "k[]|in[0, 1]|grid[2]|loop[1]|ops4"
+    assert a.at(4, 3).id == a.id + "|op3"
+    assert a.config_id == "k[]|in[0, 1]|grid[2]|loop[1]"
+
+
+def test_time_limit_stops_and_says_so():
+    program = load_program("qknorm_gqa")
+    result = search_program(program, Limits(), executor=LocalExecutor(), time_limit_s=0.5)
+    assert result.stats.timed_out
+    assert result.elapsed_s < 20
+
+
+@pytest.fixture(scope="module")
+def reference_set():
+    return set(_search("gqa").verified)
+
+
+def test_results_do_not_depend_on_the_worker_count(reference_set):
+    program = load_program("gqa")
+    found = []
+    for workers in (1, 2):
+        executor = RayExecutor(workers)
+        try:
+            found.append(set(search_program(program, executor=executor).verified))
+        finally:
+            executor.close()
+    assert found[0] == found[1] == reference_set
+
+
+def test_a_killed_worker_loses_no_shard(tmp_path, monkeypatch, reference_set):
+    monkeypatch.setenv("TUNER_FAULT_KILL_ONCE", str(tmp_path))
+    executor = RayExecutor(2)
+    try:
+        result = search_program(load_program("gqa"), executor=executor)
+    finally:
+        executor.close()
+    assert (tmp_path / "killed").exists(), "no worker was killed: the test proved nothing"
+    assert set(result.verified) == reference_set
+
+
+def test_cli_search_json_and_out_file(tmp_path, capsys):
+    out = tmp_path / "found.json"
+    code = main(["search", "rmsnorm_matmul", "--set", "X=16x1024", "--set", "W=1024x1024",
+                 "--json", "--out", str(out)])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    for key in ("program", "elapsed_s", "states_explored", "pruned", "verified",
+                "structures", "best"):
+        assert key in summary
+    assert summary["best"]["num_kernels"] == 1
+    assert {"hash", "num_kernels", "num_graph_kernels", "bytes_moved"} <= set(
+        summary["structures"][0])
+    doc = json.loads(out.read_text())
+    small = small_instance(load_program("rmsnorm_matmul", {"X": "16x1024",
+                                                            "W": "1024x1024"})).build()
+    best = from_obj(doc["structures"][0]["graph"])
+    assert structural_hash(best) == doc["structures"][0]["hash"]
+    assert verify_structure(best, small)[0]
+
+
+def test_cli_search_that_finds_nothing_names_the_limits(capsys):
+    code = main(["search", "rmsnorm_matmul", "--max-block-ops", "2", "--max-kernel-ops", "1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "nothing found" in out and "2 block ops" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["search", "nope"],
+    ["search", "rmsnorm_matmul", "--workers", "0"],
+    ["search", "rmsnorm_matmul", "--block-ops", "matmul,frobnicate"],
+    ["search", "rmsnorm_matmul", "--set", "X"],
+])
+def test_cli_search_bad_input_exits_2(argv, capsys):
+    assert main(argv) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
