@@ -1,0 +1,224 @@
+"""Job files: the schema's entry forms, defaults, and one-line errors at the right line."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from search.enumerate import Limits
+from tuner.jobfile import JobError, JobSpec, load_job, parse_job
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROGRAM_FILE = """\
+name: my_norm
+dtype: float32
+params: {rows: 4}
+inputs:
+  X: [rows, 64]
+body: |
+  O = rms_norm(X)
+outputs: [O]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_examples_load() -> None:
+    quick = load_job(ROOT / "examples" / "quickstart.yaml")
+    assert [e.ref for e in quick.programs] == ["rmsnorm_matmul", "softmax_rows", "ntrans"]
+    assert quick.programs[0].program.inputs == {"X": (16, 256), "W": (256, 256)}
+    assert quick.programs[1].program.inputs == {"X": (256, 256)}
+    assert quick.devices == ("cpu",)
+    assert quick.database.url == "sqlite:///./tuner.db"
+    suite = load_job(ROOT / "examples" / "paper_suite.yaml")
+    assert [e.ref for e in suite.programs] == ["rmsnorm_matmul", "gated_mlp", "lora", "gqa",
+                                               "qknorm_gqa", "mha", "mqa", "ntrans"]
+    assert suite.search.limits().max_block_inputs == 4
+    assert suite.programs[2].program.inputs["W"] == (256, 4096)  # paper shapes untouched
+
+
+def test_every_entry_form_and_defaults(tmp_path: Path) -> None:
+    (tmp_path / "progs").mkdir()
+    write(tmp_path, PROGRAM_FILE, "progs/my_norm.yaml")
+    job = load_job(write(tmp_path, """\
+        programs:
+          - gated_mlp
+          - name: rmsnorm_matmul
+            set: {batch: 8}
+          - name: rmsnorm_matmul
+            set: {X: 16x1024, W: [1024, 512]}
+          - file: progs/my_norm.yaml
+            set: {rows: 32}
+          - program:
+              name: scaled_exp
+              dtype: float32
+              inputs:
+                X: [64, 128]
+              body: |
+                O = exp(X) * 0.5
+              outputs: [O]
+            set: {X: 8x16}
+        """))
+    kinds = [(e.kind, e.line) for e in job.programs]
+    assert kinds == [("builtin", 2), ("builtin", 3), ("builtin", 5), ("file", 7),
+                     ("inline", 9)]
+    b, p, s, f, i = (e.program for e in job.programs)
+    assert b.name == "gated_mlp"
+    assert p.inputs["X"] == (16, 4096) and job.programs[1].overrides == {"batch": 8}
+    assert s.inputs == {"X": (16, 1024), "W": (1024, 512)}
+    assert f.name == "my_norm" and f.inputs == {"X": (32, 64)}
+    assert job.programs[3].ref == str((tmp_path / "progs" / "my_norm.yaml").resolve())
+    assert i.name == "scaled_exp" and i.inputs == {"X": (8, 16)} and i.dtype == "float32"
+    assert len(i.build().ops_of("exp")) == 1
+    # every other section at its default
+    assert job.search.limits() == Limits()
+    assert (job.tuning.trials_per_structure, job.tuning.sampler) == (30, "tpe")
+    assert job.tuning.time_budget_s is None and job.devices == ("cpu",)
+    assert (job.cluster.address, job.cluster.workers) == (None, 1)
+    assert job.database.url == "sqlite:///./tuner.db"
+
+
+def test_sqlite_default_matches_db_and_validation_creates_no_database(tmp_path: Path) -> None:
+    from db.engine import DEFAULT_URL
+    from tuner.jobfile import DatabaseSpec
+
+    assert DatabaseSpec().url == DEFAULT_URL
+    db_file = tmp_path / "jobs.db"
+    job = parse_job(f"programs: [lora]\ndatabase: {{url: 'sqlite:///{db_file}'}}\n", "j.yaml")
+    assert job.database.url == f"sqlite:///{db_file}" and not db_file.exists()
+    assert type(job.tuning.make_sampler()).__name__ == "TPESampler"
+
+
+def test_sections_map_onto_limits_and_samplers() -> None:
+    job = parse_job(textwrap.dedent("""\
+        programs: [softmax_rows]
+        search:
+          max_kernel_ops: 2
+          max_block_ops: 6
+          max_block_inputs: 2
+          max_grid_dims: 3
+          kernel_ops: [exp, sum]
+          block_ops: [exp, sum, div, accum]
+          time_limit_s: 12.5
+        tuning: {trials_per_structure: 4, time_budget_s: 30, sampler: GRID, seed: 7}
+        devices: [cpu, cuda:1]
+        cluster: {address: auto, workers: 3}
+        database: postgresql://tuner@db:5432/tuner
+        """), "job.yaml")
+    assert job.search.limits() == Limits(max_kernel_ops=2, max_block_ops=6, max_block_inputs=2,
+                                         max_grid_dims=3, kernel_ops=("exp", "sum"),
+                                         block_ops=("exp", "sum", "div", "accum"),
+                                         time_limit_s=12.5)
+    assert job.tuning.sampler == "grid" and job.tuning.seed == 7
+    assert type(job.tuning.make_sampler()).__name__ == "BruteForceSampler"
+    assert job.devices == ("cpu", "cuda:1")
+    assert (job.cluster.address, job.cluster.workers) == ("auto", 3)
+    assert job.database.url == "postgresql://tuner@db:5432/tuner"
+    assert isinstance(job, JobSpec)
+
+
+# (job text, line, key path, a fragment of the reason)
+MALFORMED = [
+    ("", 1, "job", "empty"),
+    ("programs: [rmsnorm_matmul\n", 2, "yaml", "not valid YAML"),
+    ("search: {max_block_ops: 4}\n", 1, "programs", "missing"),
+    ("programs: [rmsnorm_matmul]\ntunning: {}\n", 2, "tunning", "did you mean 'tuning'"),
+    ("programs: []\n", 1, "programs", "non-empty list"),
+    ("programs:\n  - rmsnorm_matmul\n  - rmsnrom_matmul\n", 3, "programs[1]",
+     "did you mean 'rmsnorm_matmul'"),
+    ("programs:\n  - name: lora\n    file: x.yaml\n", 2, "programs[0]", "exactly one of"),
+    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      batch: 2\n      Z: 4\n", 5,
+     "programs[0].set.Z", "no parameter or input 'Z'"),
+    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      X: 16xabc\n", 4,
+     "programs[0].set.X", "16x1024"),
+    ("programs:\n  - name: softmax_rows\n    set: {rows: 0}\n", 3,
+     "programs[0].set.rows", "at least 1"),
+    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      X: 16x100\n", 4,
+     "programs[0].set", "inner dims differ"),
+    ("programs:\n  - lora\n  - file: nowhere/prog.yaml\n", 3, "programs[1].file",
+     "no program file"),
+    ("programs:\n  - mha\n  - mha\n", 3, "programs[1]", "already programs[0]"),
+    ("programs: [lora]\nsearch:\n  max_grid_dims: 4\n", 3, "search.max_grid_dims", "1 to 3"),
+    ("programs: [lora]\nsearch:\n  block_ops:\n    - exp\n    - softmax\n", 5,
+     "search.block_ops[1]", "not a block op"),
+    ("programs: [lora]\nsearch:\n  kernel_ops: [matmul, accum]\n", 3, "search.kernel_ops[1]",
+     "not a kernel op"),
+    ("programs: [lora]\ntuning:\n  sampler: tpe\n  trials_per_structure: 0\n", 4,
+     "tuning.trials_per_structure", "at least 1"),
+    ("programs: [lora]\ntuning:\n  time_budget_s: -5\n", 3, "tuning.time_budget_s", "> 0"),
+    ("programs: [lora]\ntuning: {sampler: cmaes}\n", 2, "tuning.sampler", "tpe, random, grid"),
+    ("programs: [lora]\ndevices:\n  - cpu\n  - gpu0\n", 4, "devices[1]", "unknown device"),
+    ("programs: [lora]\ndevices: [cuda, cuda:0]\n", 2, "devices[1]", "repeats"),
+    ("programs: [lora]\ncluster:\n  workers: 1.5\n", 3, "cluster.workers", "whole number"),
+    ("programs: [lora]\ndatabase:\n  url: mysql://u@h/db\n", 3, "database.url",
+     "unsupported database"),
+    ("programs: [lora]\ncluster: {workers: 2, workers: 3}\n", 2, "cluster.workers",
+     "duplicate key"),
+]
+
+
+@pytest.mark.parametrize("text,line,key,fragment", MALFORMED,
+                         ids=[f"{m[2]}-{i}" for i, m in enumerate(MALFORMED)])
+def test_malformed_job_gives_one_line_error(tmp_path: Path, text: str, line: int, key: str,
+                                            fragment: str) -> None:
+    path = write(tmp_path, text, "bad.yaml")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(JobError) as info:
+        load_job(path)
+    err = info.value
+    message = str(err)
+    assert "\n" not in message
+    assert (err.file, err.line, err.key) == (str(path), line, key)
+    assert message.startswith(f"{path}:{line}: {key}: ")
+    assert fragment in message
+    assert "; " in err.reason  # what is wrong; how to fix
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_inline_program_body_error_points_into_job_file() -> None:
+    text = textwrap.dedent("""\
+        programs:
+          - softmax_rows
+          - program:
+              name: broken
+              dtype: float32
+              inputs:
+                X: [4, 8]
+              body: |
+                Y = exp(X)
+                Z = Y @ Y
+              outputs: [Z]
+        """)
+    with pytest.raises(JobError) as info:
+        parse_job(text, "job.yaml")
+    err = info.value
+    assert (err.line, err.key) == (10, "programs[1].program.body")
+    assert str(err).startswith("job.yaml:10: programs[1].program.body: matmul")
+    # a key error inside the inline program names that key's line
+    bad_key = text.replace("    outputs: [Z]", "    outputz: [Z]")
+    with pytest.raises(JobError) as info:
+        parse_job(bad_key, "job.yaml")
+    assert (info.value.line, info.value.key) == (11, "programs[1].program.outputz")
+
+
+def test_program_file_error_is_reported_at_the_job_entry(tmp_path: Path) -> None:
+    write(tmp_path, PROGRAM_FILE.replace("rms_norm(X)", "frobnicate(X)"), "bad_prog.yaml")
+    path = write(tmp_path, "programs:\n  - lora\n  - file: bad_prog.yaml\n")
+    with pytest.raises(JobError) as info:
+        load_job(path)
+    err = info.value
+    assert (err.line, err.key) == (3, "programs[1].file")
+    assert f"{tmp_path / 'bad_prog.yaml'}:7: unknown op 'frobnicate'" in str(err)
+
+
+def test_unreadable_job_file(tmp_path: Path) -> None:
+    with pytest.raises(JobError) as info:
+        load_job(tmp_path / "missing.yaml")
+    assert info.value.line is None and "cannot read the job file" in str(info.value)

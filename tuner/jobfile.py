@@ -1,0 +1,462 @@
+"""Job files: the YAML a user hands to ``tuner launch`` (schema: docs/job-file.md).
+
+Validation walks the composed YAML node tree rather than the loaded data so every error can
+name ``FILE:LINE: key.path: what is wrong; how to fix`` — the launch must refuse a bad job
+before it touches the database, and a one-line error is what a user can act on.  Parsing
+only reads files (the job and the program files it names); it never writes anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
+from search.lang import Program, ProgramError, load_program_file, parse_program
+from search.ops import BLOCK, COMPUTE_OPS, KERNEL, OPS
+from search.suite import builtin_names, builtin_program
+
+TOP_KEYS = ("programs", "search", "tuning", "devices", "cluster", "database")
+ENTRY_KEYS = ("name", "file", "program", "set")
+# Config spaces are small sets of discrete choices, so only samplers that handle categorical
+# parameters without extra packages are offered; "grid" tries every config once.
+SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "BruteForceSampler"}
+_SAMPLER_HINTS = {
+    "cmaes": "CMA-ES needs continuous parameters and the cmaes package",
+    "gp": "the Gaussian-process sampler needs torch and scipy",
+    "qmc": "the quasi-Monte-Carlo sampler needs scipy and numeric parameters",
+    "bruteforce": "it is called grid here",
+}
+KERNEL_LEVEL_OPS = tuple(n for n in COMPUTE_OPS if KERNEL in OPS[n].levels)
+BLOCK_LEVEL_OPS = tuple(n for n in OPS if BLOCK in OPS[n].levels
+                        and n not in ("input", "output", "graph_kernel"))
+DEFAULT_URL = "sqlite:///./tuner.db"  # db.engine.DEFAULT_URL, without importing db
+_DEVICE = re.compile(r"cpu|cuda|cuda:\d+")
+
+
+class JobError(ValueError):
+    """A job file is malformed: ``FILE:LINE: key.path: what is wrong; how to fix``."""
+
+    def __init__(self, file: str, line: int | None, key: str, reason: str) -> None:
+        self.file, self.line, self.key, self.reason = file, line, key, reason
+        where = f"{file}:{line}" if line else file
+        super().__init__(" ".join(f"{where}: {key}: {reason}".split()))
+
+
+@dataclass(frozen=True)
+class ProgramEntry:
+    """One program of the job, overrides applied; ``line`` is its line in the job file."""
+
+    program: Program
+    kind: str  # "builtin" | "file" | "inline"
+    ref: str  # the built-in name, the resolved file path, or "inline"
+    overrides: dict[str, Any]
+    line: int
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """The ``search`` section; defaults are search.enumerate.Limits'."""
+
+    max_kernel_ops: int = Limits.max_kernel_ops
+    max_block_ops: int = Limits.max_block_ops
+    max_block_inputs: int = Limits.max_block_inputs
+    max_grid_dims: int = Limits.max_grid_dims
+    block_ops: tuple[str, ...] = DEFAULT_BLOCK_OPS
+    kernel_ops: tuple[str, ...] = DEFAULT_KERNEL_OPS
+    time_limit_s: float | None = None
+
+    def limits(self) -> Limits:
+        return Limits(**asdict(self))
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    """The ``tuning`` section: one Optuna study per (structure, device)."""
+
+    trials_per_structure: int = 30
+    time_budget_s: float | None = None
+    sampler: str = "tpe"
+    seed: int | None = None
+
+    def make_sampler(self) -> Any:
+        """A fresh Optuna sampler of the chosen kind (imported lazily: optuna is slow)."""
+        import optuna
+
+        with warnings.catch_warnings():  # BruteForceSampler is flagged experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return getattr(optuna.samplers, SAMPLERS[self.sampler])(seed=self.seed)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    address: str | None = None  # None: start an embedded Ray
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class DatabaseSpec:
+    url: str = DEFAULT_URL
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    source: str
+    programs: tuple[ProgramEntry, ...]
+    search: SearchSpec = field(default_factory=SearchSpec)
+    tuning: TuningSpec = field(default_factory=TuningSpec)
+    devices: tuple[str, ...] = ("cpu",)
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    database: DatabaseSpec = field(default_factory=DatabaseSpec)
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """Read and validate a job file; program files resolve against its directory."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        why = getattr(err, "strerror", None) or str(err)
+        raise JobError(str(path), None, "job", f"cannot read the job file ({why}); check the "
+                       "path (examples/quickstart.yaml is a starting point)") from None
+    return parse_job(text, str(path), path.parent)
+
+
+def parse_job(text: str, source: str = "<string>", base_dir: str | Path | None = None) -> JobSpec:
+    """Validate job-file text; ``base_dir`` (default: ``source``'s directory) anchors
+    relative program file paths."""
+    if base_dir is None:
+        base_dir = Path(source).parent if not source.startswith("<") else Path.cwd()
+    return _Parser(text, source, Path(base_dir)).job()
+
+
+_Pairs = dict[str, tuple[yaml.Node, yaml.Node]]
+
+
+class _Parser:
+    def __init__(self, text: str, source: str, base_dir: Path) -> None:
+        self.text, self.source, self.base_dir = text, source, base_dir
+        self.loader = yaml.SafeLoader(text)
+
+    # --- node helpers --------------------------------------------------------------------
+
+    def fail(self, node: yaml.Node | None, key: str, reason: str) -> JobError:
+        return JobError(self.source, node.start_mark.line + 1 if node else 1, key, reason)
+
+    def value(self, node: yaml.Node) -> Any:
+        return self.loader.construct_document(node)
+
+    @staticmethod
+    def is_null(node: yaml.Node) -> bool:
+        return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+    def mapping(self, node: yaml.Node, path: str, keys: tuple[str, ...] | None,
+                what: str) -> _Pairs:
+        """Key → (key node, value node); unknown and duplicate keys are errors."""
+        if self.is_null(node):
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, path, f"{what} must be a mapping"
+                            + (f" with keys {', '.join(keys)}" if keys else "")
+                            + "; write 'key: value' lines indented under it")
+        self.loader.flatten_mapping(node)
+        pairs: _Pairs = {}
+        for k, v in node.value:
+            name = k.value if isinstance(k, yaml.ScalarNode) else None
+            sub = f"{path}.{name}" if path else str(name)
+            if not isinstance(name, str) or not name:
+                raise self.fail(k, path or "job", "keys must be plain names; remove this key")
+            if name in pairs:
+                raise self.fail(k, sub, f"duplicate key (first on line "
+                                f"{pairs[name][0].start_mark.line + 1}); keep one of them")
+            if keys is not None and name not in keys:
+                close = difflib.get_close_matches(name, keys, n=1)
+                raise self.fail(k, sub, "unknown key; " + (f"did you mean {close[0]!r}? " if
+                                close else "") + f"{what} takes {', '.join(keys)}")
+            pairs[name] = (k, v)
+        return pairs
+
+    def integer(self, node: yaml.Node, path: str, lo: int, hi: int | None = None,
+                null: bool = False) -> int | None:
+        v = self.value(node)
+        if v is None and null:
+            return None
+        if type(v) is not int or v < lo or (hi is not None and v > hi):
+            span = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
+            raise self.fail(node, path, f"got {v!r}; write a whole number {span}"
+                            + (" (or null)" if null else ""))
+        return v
+
+    def seconds(self, node: yaml.Node, path: str) -> float | None:
+        v = self.value(node)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or v <= 0:
+            raise self.fail(node, path, f"got {v!r}; write a number of seconds > 0, or null "
+                            "for no limit")
+        return float(v)
+
+    def string(self, node: yaml.Node, path: str, hint: str) -> str:
+        v = self.value(node)
+        if not isinstance(v, str) or not v.strip():
+            raise self.fail(node, path, f"got {v!r}; {hint}")
+        return v.strip()
+
+    # --- sections ------------------------------------------------------------------------
+
+    def job(self) -> JobSpec:
+        try:
+            root = self.loader.get_single_node()
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+            raise JobError(self.source, mark.line + 1 if mark else 1, "yaml",
+                           f"not valid YAML: {getattr(err, 'problem', None) or err}; fix the "
+                           "indentation, colons or quotes there") from None
+        finally:
+            self.loader.dispose()
+        if root is None or self.is_null(root):
+            raise JobError(self.source, 1, "job", "the job file is empty; it needs at least "
+                           "'programs:' (see examples/quickstart.yaml)")
+        top = self.mapping(root, "", TOP_KEYS, "a job file")
+        if "programs" not in top:
+            raise self.fail(root, "programs", "missing; list the programs to tune, e.g. "
+                            "'programs: [rmsnorm_matmul]'")
+
+        def get(key: str) -> yaml.Node | None:
+            return top[key][1] if key in top else None
+
+        def count(node: yaml.Node, path: str) -> int | None:
+            return self.integer(node, path, 1)
+
+        return JobSpec(
+            source=self.source,
+            programs=self.programs(top["programs"][1]),
+            search=self.section(get("search"), "search", SearchSpec, {
+                "max_kernel_ops": count, "max_block_ops": count, "max_block_inputs": count,
+                "max_grid_dims": lambda n, p: self.integer(n, p, 1, 3),
+                "block_ops": lambda n, p: self.op_list(n, p, BLOCK_LEVEL_OPS, "block"),
+                "kernel_ops": lambda n, p: self.op_list(n, p, KERNEL_LEVEL_OPS, "kernel"),
+                "time_limit_s": self.seconds}),
+            tuning=self.section(get("tuning"), "tuning", TuningSpec, {
+                "trials_per_structure": count, "time_budget_s": self.seconds,
+                "sampler": self.sampler,
+                "seed": lambda n, p: self.integer(n, p, 0, null=True)}),
+            devices=self.devices(get("devices")),
+            cluster=self.section(get("cluster"), "cluster", ClusterSpec,
+                                 {"address": self.address, "workers": count}),
+            database=self.database(get("database")),
+        )
+
+    def section(self, node: yaml.Node | None, name: str, cls: type,
+                rules: dict[str, Callable[[yaml.Node, str], Any]]) -> Any:
+        """A flat section: each present key checked by its rule, the rest at cls's defaults."""
+        m = self.mapping(node, name, tuple(rules), name) if node is not None else {}
+        return cls(**{k: rules[k](v, f"{name}.{k}") for k, (_, v) in m.items()})
+
+    def programs(self, node: yaml.Node) -> tuple[ProgramEntry, ...]:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            raise self.fail(node, "programs", "must be a non-empty list; write one '- NAME' "
+                            "(or '- {file: ...}' / '- program: ...') line per program")
+        entries: list[ProgramEntry] = []
+        seen: dict[tuple, int] = {}
+        for i, item in enumerate(node.value):
+            entry = self.entry(item, f"programs[{i}]")
+            p = entry.program
+            key = (p.name, p.dtype, tuple(sorted(p.inputs.items())))
+            if key in seen:
+                raise self.fail(item, f"programs[{i}]", f"{p.name} at these shapes is already "
+                                f"programs[{seen[key]}]; remove one or give it a different set")
+            seen[key] = i
+            entries.append(entry)
+        return tuple(entries)
+
+    def builtin(self, node: yaml.Node, path: str) -> Program:
+        name = self.string(node, path, "write a built-in program name")
+        if name not in builtin_names():
+            close = difflib.get_close_matches(name, builtin_names(), n=1)
+            raise self.fail(node, path, f"no built-in program {name!r}; "
+                            + (f"did you mean {close[0]!r}? " if close else "")
+                            + "built-ins: " + ", ".join(builtin_names())
+                            + " (or use 'file:' for a program file)")
+        return builtin_program(name)
+
+    def entry(self, node: yaml.Node, path: str) -> ProgramEntry:
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.ScalarNode):
+            program = self.builtin(node, path)
+            return ProgramEntry(program, "builtin", program.name, {}, line)
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, path, "a program entry is a built-in name or a mapping with "
+                            "one of name, file or program (plus an optional set)")
+        m = self.mapping(node, path, ENTRY_KEYS, "a program entry")
+        forms = [k for k in ("name", "file", "program") if k in m]
+        if len(forms) != 1:
+            got = " and ".join(forms) if forms else "none of them"
+            raise self.fail(node, path, f"give exactly one of name (a built-in), file (a "
+                            f"program file) or program (inline); got {got}")
+        form, value = forms[0], m[forms[0]][1]
+        sub = f"{path}.{form}"
+        if form == "name":
+            program = self.builtin(value, sub)
+            ref = program.name
+        elif form == "file":
+            program, ref = self.program_file(value, sub)
+        else:
+            program, ref = self.inline(value, sub), "inline"
+        overrides: dict[str, Any] = {}
+        if "set" in m:
+            program, overrides = self.overrides(m["set"][1], program, f"{path}.set")
+        kind = {"name": "builtin", "file": "file", "program": "inline"}[form]
+        return ProgramEntry(program, kind, ref, overrides, line)
+
+    def program_file(self, node: yaml.Node, path: str) -> tuple[Program, str]:
+        rel = self.string(node, path, "write the path of a program .yaml file")
+        target = (self.base_dir / rel).resolve()
+        if not target.is_file():
+            raise self.fail(node, path, f"no program file {str(target)!r} (paths are relative "
+                            f"to the job file's directory {str(self.base_dir)!r}); fix the path")
+        try:
+            return load_program_file(target), str(target)
+        except ProgramError as err:
+            raise self.fail(node, path, f"the program file is invalid: {err}; fix it there "
+                            "(docs/ir.md describes program files)") from None
+
+    def inline(self, node: yaml.Node, path: str) -> Program:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, path, "an inline program is a mapping with name, dtype, "
+                            "params, inputs, body and outputs; indent them under 'program:'")
+        # Hand parse_program the program's own text at its own place in the file, so the
+        # lines it reports (a body error included) are lines of the job file.
+        start, end = node.start_mark, node.end_mark
+        text = "\n" * start.line + " " * start.column + self.text[start.index:end.index]
+        try:
+            return parse_program(text, self.source)
+        except ProgramError as err:
+            line = err.line or start.line + 1
+            key = path
+            for k, v in node.value:
+                last = v.end_mark.line + (1 if v.end_mark.column else 0)
+                if k.start_mark.line + 1 <= line <= max(last, k.start_mark.line + 1):
+                    key = f"{path}.{k.value}"
+            raise JobError(self.source, line, key, f"{err.reason}; fix the inline program "
+                           "(docs/ir.md describes the language)") from None
+
+    def overrides(self, node: yaml.Node, program: Program,
+                  path: str) -> tuple[Program, dict[str, Any]]:
+        m = self.mapping(node, path, None, "set")
+        known = [*program.params, *program.inputs]
+        values: dict[str, Any] = {}
+        for name, (k, v) in m.items():
+            sub = f"{path}.{name}"
+            if name not in known:
+                raise self.fail(k, sub, f"{program.name} has no parameter or input {name!r}; "
+                                f"it has {', '.join(known)}")
+            value = self.value(v)
+            if name in program.params:
+                if type(value) is not int or value < 1:
+                    raise self.fail(v, sub, f"got {value!r}; parameter {name} takes a whole "
+                                    "number at least 1")
+            else:
+                if isinstance(value, bool) or not isinstance(value, str | int | list):
+                    value = None
+                try:
+                    program.with_overrides({name: "" if value is None else value})
+                except ProgramError as err:
+                    raise self.fail(v, sub, f"{err.reason.split(': ', 1)[-1]}; input {name} "
+                                    f"takes a shape such as 16x1024 or [16, 1024]") from None
+            values[name] = value
+        try:
+            program = program.with_overrides(values)
+            program.build()
+        except ProgramError as err:
+            raise self.fail(node, path, f"these shapes do not fit {program.name}: "
+                            f"{err.reason}; change the set values so the shapes agree") from None
+        return program, values
+
+    def op_list(self, node: yaml.Node, path: str, allowed: tuple[str, ...],
+                level: str) -> tuple[str, ...]:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            raise self.fail(node, path, f"must be a non-empty list of {level} ops, e.g. "
+                            f"[{', '.join(allowed[:3])}]")
+        ops: list[str] = []
+        for i, item in enumerate(node.value):
+            op = self.value(item)
+            if op not in allowed:
+                raise self.fail(item, f"{path}[{i}]", f"{op!r} is not a {level} op; "
+                                f"{level} ops: {', '.join(allowed)}")
+            if op in ops:
+                raise self.fail(item, f"{path}[{i}]", f"{op} is listed twice; remove one")
+            ops.append(op)
+        return tuple(ops)
+
+    def sampler(self, node: yaml.Node, path: str) -> str:
+        name = self.string(node, path, "write one of " + ", ".join(SAMPLERS)).lower()
+        if name not in SAMPLERS:
+            hint = _SAMPLER_HINTS.get(name)
+            raise self.fail(node, path, f"unknown sampler {name!r}" + (f" ({hint})" if hint
+                            else "") + "; use one of " + ", ".join(SAMPLERS))
+        return name
+
+    def devices(self, node: yaml.Node | None) -> tuple[str, ...]:
+        if node is None:
+            return ("cpu",)
+        items = [node] if isinstance(node, yaml.ScalarNode) else node.value \
+            if isinstance(node, yaml.SequenceNode) else None
+        if not items:
+            raise self.fail(node, "devices", "must be a non-empty list of cpu, cuda (every "
+                            "GPU) or cuda:N, e.g. [cpu]")
+        devices: list[str] = []
+        for i, item in enumerate(items):
+            sub = f"devices[{i}]" if item is not node else "devices"
+            dev = self.value(item)
+            if not isinstance(dev, str) or not _DEVICE.fullmatch(dev.strip().lower()):
+                raise self.fail(item, sub, f"unknown device {dev!r}; write cpu, cuda (every "
+                                "GPU) or cuda:N (GPU number N)")
+            dev = dev.strip().lower()
+            overlap = dev in devices or (dev.startswith("cuda") and "cuda" in devices) or (
+                dev == "cuda" and any(d.startswith("cuda:") for d in devices))
+            if overlap:
+                raise self.fail(item, sub, f"{dev} repeats a device already listed (cuda means "
+                                "every GPU); list each device once")
+            devices.append(dev)
+        return tuple(devices)
+
+    def address(self, node: yaml.Node, path: str) -> str | None:
+        if self.is_null(node):
+            return None
+        address = self.string(node, path, "write a Ray address such as 10.0.0.5:6379 or auto, "
+                              "or null for an embedded Ray")
+        if any(c.isspace() for c in address):
+            raise self.fail(node, path, f"{address!r} contains spaces; write HOST:PORT, "
+                            "ray://HOST:PORT or auto")
+        return address
+
+    def database(self, node: yaml.Node | None) -> DatabaseSpec:
+        if node is None:
+            return DatabaseSpec()
+        if isinstance(node, yaml.ScalarNode) and not self.is_null(node):
+            url_node, path = node, "database"
+        else:
+            m = self.mapping(node, "database", ("url",), "database")
+            if "url" not in m:
+                return DatabaseSpec()
+            url_node, path = m["url"][1], "database.url"
+        url = self.string(url_node, path, f"write a database URL such as {DEFAULT_URL}")
+        from db.engine import normalize_url  # db is slow to import; only needed here
+
+        try:
+            normalize_url(url)
+        except ValueError as err:
+            what = str(err).split(": use ")[0].split(": expected ")[0]
+            raise self.fail(url_node, path, f"{what}; write a SQLite or PostgreSQL URL such "
+                            f"as {DEFAULT_URL} or postgresql+psycopg://USER@HOST:5432/DB") from None
+        return DatabaseSpec(url)
