@@ -32,7 +32,7 @@ def write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
 
 def test_examples_load() -> None:
     quick = load_job(ROOT / "examples" / "quickstart.yaml")
-    assert [e.ref for e in quick.programs] == ["rmsnorm_matmul", "softmax_rows", "ntrans"]
+    assert [e.ref for e in quick.programs] == ["rmsnorm_matmul", "softmax_rows", "rmsnorm_residual"]
     assert quick.programs[0].program.inputs == {"X": (16, 256), "W": (256, 256)}
     assert quick.programs[1].program.inputs == {"X": (256, 256)}
     assert quick.devices == ("cpu",)
