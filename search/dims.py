@@ -15,7 +15,18 @@ Size = int | str  # a concrete size, or the name of a symbol bound later by a co
 
 
 class ShapeError(ValueError):
-    """A shape rule was violated; the message names the op and the shapes involved."""
+    """A shape rule was violated; the message names the op and the shapes involved.
+
+    ``context`` is formatted only when the message is read: the search provokes and catches
+    hundreds of thousands of these and never reads them."""
+
+    def __init__(self, message: str, context=None) -> None:
+        super().__init__(message)
+        self._context = context
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base} [{self._context()}]" if self._context is not None else base
 
 
 @dataclass(frozen=True, order=True)

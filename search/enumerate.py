@@ -346,7 +346,7 @@ class BlockSearch:
         e-class looked up once (moves that leave the target are dropped here)."""
         bg, prune = self.bg, self.ctx.limits.prune
         looped = bg.forloop_range != 1
-        memo, out = self.memo, []
+        memo, out, sig = self.memo, [], self.sig
         for kind in self.block_ops:
             opdef = OPS[kind]
             for n in fresh:
@@ -357,32 +357,38 @@ class BlockSearch:
                 else:
                     tuples = [(a, n) for a in range(n + 1)] + [(n, a) for a in range(n)]
                 for operands in tuples:
-                    first = bg.tensors[operands[0]]
-                    if kind == "accum":
-                        if first.stage == "epilogue":
-                            continue
-                        kinds = ("no_red", "sum", "mean", "rms") if looped else ("no_red",)
-                        attr_sets = [(("kind", k),) for k in kinds]
-                    elif "dim" in opdef.attrs:
-                        attr_sets = [(("dim", d),) for d, s in enumerate(first.shape) if s != 1]
-                    elif kind == "mul_scalar":
-                        attr_sets = [(("scalar", c),) for c in self.ctx.constants]
+                    if opdef.arity == 2 and not opdef.attrs:
+                        attr_sets: list[tuple] = [()]
                     else:
-                        attr_sets = [()]
-                    sigs = tuple(self.sig[t] for t in operands)
+                        attr_sets = self._attr_sets(kind, opdef, bg.tensors[operands[0]], looped)
+                    sigs = (sig[operands[0]], sig[operands[-1]]) if len(operands) == 2 \
+                        else (sig[operands[0]],)
                     for attrs in attr_sets:
                         cls = None
                         if prune:
                             memo_key = (kind, sigs, attrs)
-                            if memo_key not in memo:
-                                memo[memo_key] = self._classify(kind, operands, attrs, looped)
-                            cls = memo[memo_key]
+                            cls = memo.get(memo_key, memo)
+                            if cls is memo:
+                                cls = memo[memo_key] = self._classify(kind, operands, attrs,
+                                                                      looped)
                             if cls is None:
                                 self.stats.pruned += 1
                                 continue
                         out.append((_op_key(kind, operands, attrs), kind, operands, attrs, cls))
         out.sort(key=lambda m: m[0])
         return out
+
+    def _attr_sets(self, kind: str, opdef, first, looped: bool) -> list[tuple]:
+        if kind == "accum":
+            if first.stage == "epilogue":
+                return []
+            kinds = ("no_red", "sum", "mean", "rms") if looped else ("no_red",)
+            return [(("kind", k),) for k in kinds]
+        if "dim" in opdef.attrs:
+            return [(("dim", d),) for d, s in enumerate(first.shape) if s != 1]
+        if kind == "mul_scalar":
+            return [(("scalar", c),) for c in self.ctx.constants]
+        return [()]
 
     def _classify(self, kind: str, operands: tuple[int, ...], attrs: tuple,
                   looped: bool) -> str | None:

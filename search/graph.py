@@ -115,9 +115,12 @@ class Graph:
             shape = opdef.shape_rule([t.shape for t in ins], attrs)
             dtype = opdef.dtype_rule([t.dtype for t in ins], attrs)
         except ShapeError as err:
-            shown = ", ".join(f"{t.name or f't{i}'}{fmt_shape(t.shape)}"
-                              for i, t in zip(inputs, ins, strict=True))
-            raise ShapeError(f"{err} [in {self.level} op {kind}({shown})]") from None
+            def context() -> str:
+                shown = ", ".join(f"{t.name or f't{i}'}{fmt_shape(t.shape)}"
+                                  for i, t in zip(inputs, ins, strict=True))
+                return f"in {self.level} op {kind}({shown})"
+
+            raise ShapeError(str(err), context) from None
         return [TensorInfo(shape, dtype, stage=self._stage(kind, ins))]
 
     def _stage(self, kind: str, ins: Sequence[TensorInfo]) -> str:
