@@ -233,16 +233,21 @@ def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dic
     def submit(cid: str) -> None:
         shard = by_id[cid].at(level[cid])
         parts = [shard]
-        if shard.inputs and len(level) < 2 * executor.workers:
-            parts = split_shard(ctx, shard)  # too few configurations to keep workers busy
+        in_flight = len(pending) + 1 if started[0] else len(level)
+        if shard.inputs and in_flight < 2 * executor.workers:
+            # too few configurations in flight to keep every worker busy: cut this one by its
+            # first op (the pieces partition the shard, so results do not change)
+            parts = split_shard(ctx, shard)
         pending[cid], hit[cid] = {p.id for p in parts}, False
         for part in parts:
             executor.submit(part, payload)
         if not parts:
             del pending[cid]
 
+    started = [False]
     for cid in list(level):
         submit(cid)
+    started[0] = True
     while pending:
         res = executor.next_result()
         if res is None:
