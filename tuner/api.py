@@ -20,8 +20,32 @@ class InputError(ValueError):
 # Everything a user can get wrong in an input; the CLI turns these into exit code 2.
 INPUT_ERRORS = (InputError, ProgramError, GraphFormatError, ShapeError, FileNotFoundError)
 
-__all__ = ["DEFAULT_TESTS", "INPUT_ERRORS", "InputError", "format_graph", "list_programs", "load_graph",
-           "load_program", "program_graph", "small_instance", "to_json", "verify_files"]
+__all__ = ["DEFAULT_TESTS", "INPUT_ERRORS", "InputError", "format_graph", "list_programs",
+           "load_graph", "load_program", "parse_config", "parse_pairs", "program_graph",
+           "small_instance", "to_json", "verify_files"]
+
+
+def parse_pairs(items: list[str] | None, flag: str = "--set") -> dict[str, str]:
+    """NAME=VALUE strings of a repeated CLI flag as a dict (the one parser for all commands)."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            example = "batch=8 or --set X=16x1024" if flag == "--set" else "g0=64"
+            raise InputError(f"{flag} {item!r}: write NAME=VALUE, e.g. {flag} {example}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_config(items: list[str] | None) -> dict[str, int]:
+    """``--config K=V`` values: each a positive integer (a symbol or a lowering knob)."""
+    config = {}
+    for key, value in parse_pairs(items, "--config").items():
+        if not value.isdigit() or int(value) < 1:
+            raise InputError(f"--config {key}={value}: a config value is a positive integer "
+                             "(a symbol such as g0=64 or a knob such as block=256)")
+        config[key] = int(value)
+    return config
 
 
 def list_programs() -> list[dict[str, Any]]:

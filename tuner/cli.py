@@ -16,33 +16,6 @@ from . import api
 COMMAND_MODULES = ("tuner.cmd_search", "tuner.cmd_kernels")
 
 
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
-
-
-def _parse_sets(items: Sequence[str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise UsageError(f"--set {item!r}: write NAME=VALUE, e.g. --set batch=8 or "
-                             "--set X=16x1024")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _parse_config(items: Sequence[str] | None) -> dict[str, int] | None:
-    if not items:
-        return None
-    config: dict[str, int] = {}
-    for key, value in _parse_sets(items).items():
-        if not value.isdigit() or int(value) < 1:
-            raise UsageError(f"--config {key}={value}: a config binds a symbol to a positive "
-                             "integer")
-        config[key] = int(value)
-    return config
-
-
 def cmd_programs(args: argparse.Namespace) -> int:
     rows = api.list_programs()
     if args.json:
@@ -58,15 +31,15 @@ def cmd_programs(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    graph = api.program_graph(args.program, _parse_sets(args.set), fused=args.fused,
-                              config=_parse_config(args.config))
+    graph = api.program_graph(args.program, api.parse_pairs(args.set), fused=args.fused,
+                              config=(api.parse_config(args.config) or None))
     print(api.to_json(graph, indent=2) if args.json else api.format_graph(graph))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     verdict = api.verify_files(args.reference, args.candidate, tests=args.tests,
-                               seed=args.seed, config=_parse_config(args.config),
+                               seed=args.seed, config=(api.parse_config(args.config) or None),
                                arithmetic=args.arithmetic)
     if args.json:
         print(json.dumps(verdict.as_dict(), indent=2))
@@ -124,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except (UsageError, *api.INPUT_ERRORS) as err:
+    except api.INPUT_ERRORS as err:
         print(f"tuner {args.command}: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into head & co.

@@ -25,36 +25,13 @@ from search.lang import Program
 from search.serialize import from_obj
 from search.suite import load_program
 
-from .api import InputError
+from .api import InputError, parse_config, parse_pairs
 
 GPUS = ("H100", "A100", "H200")
 _HEX = re.compile(r"^[0-9a-fA-F]{4,64}$")
 
 
-# InputError (not tuner.cli.UsageError) throughout: under `python -m tuner.cli` the CLI's
-# module is __main__, and a UsageError raised from a second copy of tuner.cli would escape it.
-
-
-def parse_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
-    """NAME=VALUE strings of a repeated flag as a dict."""
-    out: dict[str, str] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise InputError(f"{flag} {item!r}: write NAME=VALUE, e.g. {flag} g0=64")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def parse_config(items: list[str] | None) -> dict[str, int]:
-    """``--config K=V`` values: each a positive integer."""
-    config = {}
-    for key, value in parse_pairs(items, "--config").items():
-        if not value.isdigit() or int(value) < 1:
-            raise InputError(f"--config {key}={value}: a config value is a positive integer "
-                             "(a symbol such as g0=64 or a knob such as block=256)")
-        config[key] = int(value)
-    return config
+# Bad input raises tuner.api.InputError: the CLI prints it as one line and exits 2.
 
 
 # ---------------------------------------------------------------- structures

@@ -11,7 +11,7 @@ from cluster import SearchResult, search_program
 from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
 from search.suite import load_program
 
-from .api import InputError
+from .api import InputError, parse_pairs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,16 +80,6 @@ class _Progress:
             self.bar.close()
 
 
-def _overrides(items: list[str] | None) -> dict[str, str]:
-    out = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise InputError(f"--set {item!r}: write NAME=VALUE, e.g. --set batch=8")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def write_results(path: str, result: SearchResult, program_inputs: dict) -> None:
     """The verified structures in a file the verifier and later stages read back."""
     doc = {"format": "tuner.search/1", "program": result.program,
@@ -108,7 +98,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise InputError("--workers must be at least 1")
     if args.time_limit is not None and args.time_limit <= 0:
         raise InputError("--time-limit must be positive")
-    program = load_program(args.program, _overrides(args.set))
+    program = load_program(args.program, parse_pairs(args.set))
     limits = _limits(args)
     progress = _Progress(enabled=not args.json)
     start = time.perf_counter()
