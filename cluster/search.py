@@ -27,6 +27,7 @@ from .ranking import describe, rank
 from .runtime import Executor, make_executor
 
 _CONTEXTS: dict[tuple, tuple[Context, KernelGraph]] = {}
+SPLIT_FROM_OPS = 7  # with several workers, shards of this many block ops or more are split
 
 
 @dataclass
@@ -234,9 +235,11 @@ def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dic
         shard = by_id[cid].at(level[cid])
         parts = [shard]
         in_flight = len(pending) + 1 if started[0] else len(level)
-        if shard.inputs and in_flight < 2 * executor.workers:
-            # too few configurations in flight to keep every worker busy: cut this one by its
-            # first op (the pieces partition the shard, so results do not change)
+        deep = executor.workers > 1 and shard.ops >= SPLIT_FROM_OPS
+        if shard.inputs and (in_flight < 2 * executor.workers or deep):
+            # too few configurations in flight to keep every worker busy, or a level deep
+            # enough that one shard could hold the others up at the end: cut it by its first
+            # op (the pieces partition the shard, so results do not change)
             parts = split_shard(ctx, shard)
         pending[cid], hit[cid] = {p.id for p in parts}, False
         for part in parts:
