@@ -66,8 +66,9 @@ class RayExecutor:
         self._payload_ref: tuple[int, Any] | None = None
 
     def submit(self, shard: Any, payload: dict) -> None:
-        if self._payload_ref is None or self._payload_ref[0] != id(payload):
-            self._payload_ref = (id(payload), self.ray.put(payload))
+        if self._payload_ref is None or self._payload_ref[0] is not payload:
+            # keep the payload itself: an id() could be reused by a later search's payload
+            self._payload_ref = (payload, self.ray.put(payload))
         self.inflight.append(self.task.remote(self._payload_ref[1], shard))
 
     def next_result(self) -> Any | None:
