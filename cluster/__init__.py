@@ -1,8 +1,10 @@
 """Distribution: the search sharded over Ray tasks (embedded or on a cluster)."""
 
 from .ranking import describe, rank
-from .runtime import LocalExecutor, RayExecutor, make_executor
-from .search import SearchResult, search_program, verify_structure
+from .runtime import LocalExecutor, RayExecutor, make_executor, start_ray, stop_ray
+from .search import SearchResult, ShardResult, search_program, verify_structure
+from .slots import MeasureSlot, SlotPool
 
-__all__ = ["LocalExecutor", "RayExecutor", "SearchResult", "describe", "make_executor", "rank",
-           "search_program", "verify_structure"]
+__all__ = ["LocalExecutor", "MeasureSlot", "RayExecutor", "SearchResult", "ShardResult",
+           "SlotPool", "describe", "make_executor", "rank", "search_program", "start_ray",
+           "stop_ray", "verify_structure"]

@@ -38,6 +38,30 @@ class LocalExecutor:
         self.queue.clear()
 
 
+def start_ray(workers: int = 1, address: str | None = None) -> bool:
+    """Join the Ray cluster at ``address``, or start an embedded one with ``workers`` CPUs;
+    returns False when Ray was already running in this process (the caller must not stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if address:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    else:
+        # workers at normal priority: they are the job, not background work
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR, object_store_memory=80 * 1024 * 1024,
+                 _system_config={"worker_niceness": 0})
+    return True
+
+
+def stop_ray() -> None:
+    import ray
+
+    ray.shutdown()
+
+
 class RayExecutor:
     """Shards as Ray tasks; a task whose worker dies is retried (``max_retries``)."""
 
@@ -46,17 +70,7 @@ class RayExecutor:
         import ray
 
         self.ray = ray
-        self.started = False
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-            if address:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-            else:
-                # workers at normal priority: they are the job, not background work
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                         logging_level=logging.ERROR, object_store_memory=80 * 1024 * 1024,
-                         _system_config={"worker_niceness": 0})
-            self.started = True
+        self.started = start_ray(workers, address)
         cpus = int(ray.cluster_resources().get("CPU", workers))
         self.workers = cpus if address else workers
         from .search import run_and_verify

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,6 +40,23 @@ class ShardResult:
     checked: int = 0
     rejected: int = 0
     elapsed_s: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """Whether the shard ran to its end (a shard cut by the deadline must run again)."""
+        return not self.stats.timed_out
+
+    def to_json(self) -> dict:
+        """A JSON object for the database, so a resumed job skips this shard."""
+        return {"shard_id": self.shard_id, "config_id": self.config_id,
+                "stats": asdict(self.stats), "verified": self.verified,
+                "checked": self.checked, "rejected": self.rejected,
+                "elapsed_s": self.elapsed_s}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> ShardResult:
+        return cls(obj["shard_id"], obj["config_id"], Stats(**obj["stats"]),
+                   dict(obj["verified"]), obj["checked"], obj["rejected"], obj["elapsed_s"])
 
 
 @dataclass
@@ -165,8 +183,15 @@ def _maybe_inject_fault(shard: Shard) -> None:
 def search_program(program: Program, limits: Limits | None = None, *, workers: int = 1,
                    address: str | None = None, time_limit_s: float | None = None,
                    tests: int = DEFAULT_TESTS, executor: Executor | None = None,
-                   on_progress: Callable[[dict], None] | None = None) -> SearchResult:
-    """Search ``program`` for verified structures; ranks them (fewest kernels first)."""
+                   on_progress: Callable[[dict], None] | None = None,
+                   done: Mapping[str, ShardResult] | None = None,
+                   on_shard: Callable[[ShardResult], None] | None = None) -> SearchResult:
+    """Search ``program`` for verified structures; ranks them (fewest kernels first).
+
+    ``done`` holds shards finished by an earlier, interrupted run (by shard id): they are not
+    run again, their results count as if they had just arrived.  ``on_shard`` sees every shard
+    this call runs, as it arrives, so a caller can save it before the next one finishes.
+    """
     limits = limits or Limits()
     start = time.perf_counter()
     reference = program.build()
@@ -187,7 +212,8 @@ def search_program(program: Program, limits: Limits | None = None, *, workers: i
         for kernels in range(1, limits.max_kernel_ops + 1):
             configs = plan_configs(ctx, kernels)
             before = set(results)
-            unfinished = _deepen(ctx, configs, executor, payload, results, limits)
+            unfinished = _deepen(ctx, configs, executor, payload, results, limits,
+                                 done or {}, on_shard)
             found_here = False
             for sid in sorted(set(results) - before):
                 res = results[sid]
@@ -222,9 +248,12 @@ def _past(payload: dict) -> bool:
 
 
 def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dict,
-            results: dict[str, ShardResult], limits: Limits) -> list[str]:
+            results: dict[str, ShardResult], limits: Limits,
+            done: Mapping[str, ShardResult],
+            on_shard: Callable[[ShardResult], None] | None) -> list[str]:
     """Run every configuration at op counts 1, 2, … until it verifies something; returns
-    the configurations that never did (within the limits)."""
+    the configurations that never did (within the limits).  Shards in ``done`` are taken
+    from there instead of being run."""
     level = {c.config_id: (1 if c.inputs else 0) for c in configs}
     by_id = {c.config_id: c for c in configs}
     pending: dict[str, set[str]] = {}
@@ -236,27 +265,38 @@ def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dic
         parts = [shard]
         in_flight = len(pending) + 1 if started[0] else len(level)
         deep = executor.workers > 1 and shard.ops >= SPLIT_FROM_OPS
-        if shard.inputs and (in_flight < 2 * executor.workers or deep):
+        if shard.id not in done and shard.inputs and (
+                in_flight < 2 * executor.workers or deep or done):
             # too few configurations in flight to keep every worker busy, or a level deep
             # enough that one shard could hold the others up at the end: cut it by its first
-            # op (the pieces partition the shard, so results do not change)
-            parts = split_shard(ctx, shard)
+            # op (the pieces partition the shard, so results do not change).  On a resumed
+            # run, pieces an earlier run finished are reused however this run would cut.
+            pieces = split_shard(ctx, shard)
+            if in_flight < 2 * executor.workers or deep or (
+                    pieces and all(p.id in done for p in pieces)):
+                parts = pieces
         pending[cid], hit[cid] = {p.id for p in parts}, False
         for part in parts:
-            executor.submit(part, payload)
+            if part.id in done:
+                ready.append(done[part.id])
+            else:
+                executor.submit(part, payload)
         if not parts:
             del pending[cid]
 
     started = [False]
+    ready: deque[ShardResult] = deque()
     for cid in list(level):
         submit(cid)
     started[0] = True
     while pending:
-        res = executor.next_result()
+        res = ready.popleft() if ready else executor.next_result()
         if res is None:
             break
         if res.shard_id in results or res.config_id not in pending:
             continue  # a retried shard already recorded: keep the first result
+        if on_shard is not None and res.shard_id not in done:
+            on_shard(res)
         results[res.shard_id] = res
         cid = res.config_id
         hit[cid] |= bool(res.verified)

@@ -249,6 +249,18 @@ class Reads:
             )
             return set(rows.scalars())
 
+    def shard_results(self, job_id: int, prefix: str = "") -> dict[str, Any]:
+        """Stats of the job's finished shards whose key starts with ``prefix``, by key."""
+        with self._lookup.connect() as conn:
+            rows = conn.execute(
+                select(SearchShard.shard_key, SearchShard.stats_json).where(
+                    SearchShard.job_id == job_id,
+                    SearchShard.status == "finished",
+                    SearchShard.shard_key.startswith(prefix, autoescape=True),
+                )
+            )
+            return {key: loads(stats) for key, stats in rows}
+
     def best_kernel(
         self, program_hash: str, shapes: Any, dtype: str, device_key: str | None = None
     ) -> BestKernelRecord | None:

@@ -83,6 +83,7 @@ class TuningSpec:
     """The ``tuning`` section: one Optuna study per (structure, device)."""
 
     trials_per_structure: int = 30
+    structures: int = 3  # the best-ranked verified structures of each program that are tuned
     time_budget_s: float | None = None
     sampler: str = "tpe"
     seed: int | None = None
@@ -247,7 +248,8 @@ class _Parser:
                 "kernel_ops": lambda n, p: self.op_list(n, p, KERNEL_LEVEL_OPS, "kernel"),
                 "time_limit_s": self.seconds}),
             tuning=self.section(get("tuning"), "tuning", TuningSpec, {
-                "trials_per_structure": count, "time_budget_s": self.seconds,
+                "trials_per_structure": count, "structures": count,
+                "time_budget_s": self.seconds,
                 "sampler": self.sampler,
                 "seed": lambda n, p: self.integer(n, p, 0, null=True)}),
             devices=self.devices(get("devices")),

@@ -1,0 +1,151 @@
+"""Measurement slots: the processes that hold a device and time trials on it.
+
+One slot per GPU (a Ray actor with ``num_gpus=1``) or one per CPU node (a CPU kernel uses
+every core through OpenMP, so two slots on one machine would time each other).  A slot keeps
+an isolated kernel worker (``kernels.isolate``) alive across trials, so a candidate that
+crashes or hangs costs its own worker, never the slot or the driver.  The driver hands out
+trials and receives plain dicts; it alone writes the database (one writer).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from search.serialize import from_obj
+
+
+class MeasureSlot:
+    """Runs trials and baselines for one device; lives in a Ray actor or in the driver."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        from kernels.isolate import IsolatedWorker
+
+        self.device = device
+        self.worker = IsolatedWorker()
+
+    def device_key(self) -> str:
+        from kernels.devices import device_key
+
+        return device_key("cpu" if self.device == "cpu" else "cuda")
+
+    def spec(self) -> Any:
+        """This slot's kernels.DeviceSpec (limits and speeds, for the roofline)."""
+        if self.device == "cpu":
+            from kernels.devices import local_cpu_spec
+
+            return local_cpu_spec()
+        from kernels.devices import cuda_device_spec
+
+        return cuda_device_spec()
+
+    def trial(self, request: dict) -> dict:
+        """``request``: structure, reference (canonical JSON objects), config, seed, timing,
+        timeout_s.  Returns kernels.trial.run_trial's dict with the request's ``tag``."""
+        from kernels.trial import run_trial
+
+        out = run_trial(from_obj(request["structure"]), from_obj(request["reference"]),
+                        request["config"], self.device, seed=request.get("seed", 0),
+                        timing=request.get("timing"), worker=self.worker,
+                        timeout_s=request.get("timeout_s", 60.0))
+        out["tag"] = request.get("tag")
+        return out
+
+    def baseline(self, request: dict) -> dict:
+        """Op-by-op time of the reference on this device (numpy on the cpu)."""
+        from kernels.trial import time_baseline
+
+        if self.device != "cpu":
+            return {"tag": request.get("tag"), "baseline_s": None}
+        seconds = time_baseline(from_obj(request["reference"]), seed=request.get("seed", 0),
+                                timing=request.get("timing"))
+        return {"tag": request.get("tag"), "baseline_s": seconds}
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class SlotPool:
+    """Slots for one device; ``submit`` a request, ``next_done`` returns finished ones.
+
+    With Ray running, slots are actors; without it (``use_ray=False``) one slot runs in this
+    process and requests run when their result is asked for.
+    """
+
+    def __init__(self, device: str = "cpu", slots: int = 1, use_ray: bool = True) -> None:
+        self.device = device
+        self.use_ray = use_ray
+        self._pending: deque = deque()
+        if use_ray:
+            import ray
+
+            self.ray = ray
+            # a cpu slot reserves no CPU: it times only while the search tasks are idle
+            resources = {"num_gpus": 1} if device != "cpu" else {"num_cpus": 0}
+            actor = ray.remote(max_restarts=2, max_task_retries=0, **resources)(MeasureSlot)
+            self.slots = [actor.remote(device) for _ in range(slots)]
+            self.free = list(self.slots)
+            self.inflight: dict = {}
+            self.key = ray.get(self.slots[0].device_key.remote())
+            self.spec = ray.get(self.slots[0].spec.remote())
+        else:
+            self.slots = [MeasureSlot(device)]
+            self.free = list(self.slots)
+            self.key = self.slots[0].device_key()
+            self.spec = self.slots[0].spec()
+
+    @property
+    def idle(self) -> int:
+        return len(self.free)
+
+    def submit(self, method: str, request: dict) -> None:
+        """Run ``method`` ("trial" or "baseline") on a free slot; call only when ``idle``."""
+        slot = self.free.pop()
+        if self.use_ray:
+            ref = getattr(slot, method).remote(request)
+            self.inflight[ref] = (slot, request, time.perf_counter())
+        else:
+            self._pending.append((slot, method, request))
+
+    def next_done(self) -> dict | None:
+        """The next finished request's result (blocking); None when nothing is in flight.
+        A slot whose actor died reports the trial as a runtime error and is restarted."""
+        if not self.use_ray:
+            if not self._pending:
+                return None
+            slot, method, request = self._pending.popleft()
+            try:
+                return getattr(slot, method)(request)
+            finally:
+                self.free.append(slot)
+        if not self.inflight:
+            return None
+        done, _ = self.ray.wait(list(self.inflight), num_returns=1)
+        slot, request, _ = self.inflight.pop(done[0])
+        self.free.append(slot)
+        try:
+            return self.ray.get(done[0])
+        except self.ray.exceptions.RayError as err:
+            return {"tag": request.get("tag"), "status": "runtime_error",
+                    "message": f"the measurement slot died: {type(err).__name__}: "
+                               f"{str(err).splitlines()[0] if str(err) else ''}",
+                    "config": request.get("config"), "source": None}
+
+    def close(self) -> None:
+        for slot in self.slots:
+            if self.use_ray:
+                try:
+                    self.ray.get(slot.close.remote(), timeout=10)
+                    self.ray.kill(slot)
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
+            else:
+                slot.close()
+        self.slots, self.free = [], []
+
+    def __enter__(self) -> SlotPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,163 @@
+"""The config space of a structure on a device: what the tuner may choose, and what is legal.
+
+A structure fixes the µGraph and leaves its grid sizes and for-loop ranges as symbols; a config
+binds them and may set the mapping knobs of ``kernels.mapping`` (``split`` on row-wise kernels
+everywhere; ``block`` and ``lanes`` on GPUs, where a block has threads).  Every parameter is a
+small set of discrete choices, always including the AStitch default, so a sampler can start from
+the rule and the space can be enumerated for an exhaustive comparison.  ``estimate`` gives the
+roofline lower bound of one config, used to skip configs that cannot beat the best so far.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import product
+
+from kernels.devices import DeviceSpec, roofline
+from search import KernelGraph, ShapeError
+
+from .lower import lower, resolve_spec
+from .mapping import _constraints, _divisors, default_config, is_row_form
+
+MAX_SPLIT = 16  # blocks per row beyond this only add partial sums on any device we know
+GPU_BLOCKS = (64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one config moves and computes, and the roofline time that implies."""
+
+    bytes_moved: int
+    flops: int
+    launches: int
+    seconds: float
+
+
+@dataclass
+class ConfigSpace:
+    """Discrete parameters of one structure on one device; ``default`` is the AStitch rule's."""
+
+    params: dict[str, tuple[int, ...]]
+    default: dict[str, int]
+    constraints: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    row_len: int = 0
+
+    def check(self, config: Mapping[str, int]) -> str | None:
+        """None when ``config`` is legal, else why not (divisibility or knob rules)."""
+        for name in self.params:
+            if name not in config:
+                return f"{name} is not set"
+        for size, syms in self.constraints:
+            if size % math.prod(int(config[s]) for s in syms):
+                return f"{' x '.join(syms)} must divide {size}"
+        split = int(config.get("split", 1))
+        if split > 1 and self.row_len % split:
+            return f"split={split} must divide the row length {self.row_len}"
+        block, lanes = config.get("block"), config.get("lanes")
+        if block is not None and lanes is not None and int(block) % int(lanes):
+            return f"lanes={lanes} must divide block={block}"
+        return None
+
+    def configs(self) -> Iterator[dict[str, int]]:
+        """Every legal config (the exhaustive space), in a stable order."""
+        names = sorted(self.params)
+        for values in product(*(self.params[n] for n in names)):
+            config = dict(zip(names, values, strict=True))
+            if self.check(config) is None:
+                yield config
+
+    @property
+    def size(self) -> int:
+        return sum(1 for _ in self.configs())
+
+
+def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpace:
+    """The parameters a tuner may set for ``structure`` on ``device``."""
+    spec = resolve_spec(device)
+    default = default_config(structure, spec) if structure.symbols() else {}
+    constraints = _constraints(structure)
+    params: dict[str, tuple[int, ...]] = {}
+    for sym in sorted(structure.symbols()):
+        g = 0
+        for size, syms in constraints:
+            if sym in syms:
+                g = math.gcd(g, size)
+        choices = set(_divisors(g or 1, keep=12))
+        if sym in default:
+            choices.add(default[sym])
+        params[sym] = tuple(sorted(choices))
+    bgs = structure.block_graphs()
+    row_len = 0
+    if bgs and all(is_row_form(bg) for bg in bgs):
+        out = structure.tensors[structure.ops_of("graph_kernel")[0].outputs[0]].shape
+        row_len = int(out[-1])
+        splits = {d for d in _divisors(row_len) if d <= MAX_SPLIT} | {default.get("split", 1)}
+        if len(splits) > 1:
+            params["split"] = tuple(sorted(splits))
+    if spec.kind != "cpu" and bgs:
+        blocks = {b for b in GPU_BLOCKS if b <= spec.max_threads_per_block}
+        params["block"] = tuple(sorted(blocks | {default.get("block", 128)}))
+        params["lanes"] = tuple(sorted({32, 64, 128, 256} | {default.get("lanes", 32)}))
+    knobs = {k: default[k] for k in ("split", "block", "lanes") if k in params and k in default}
+    chosen = {k: v for k, v in default.items() if k in structure.symbols()} | knobs
+    return ConfigSpace(params, chosen, constraints, row_len)
+
+
+def estimate(structure: KernelGraph, config: Mapping[str, int] | None,
+             device: str | DeviceSpec) -> Estimate:
+    """Roofline lower bound of ``structure`` bound by ``config`` on ``device``.
+
+    Bytes count every tile a block reads from or writes to global memory (once per for-loop
+    iteration for tiles the loop walks), so a config with more blocks re-reading a shared
+    operand moves more; launches are the plan's kernels (task splitting may add some).
+    """
+    spec = resolve_spec(device)
+    plan = lower(structure, config, spec, "estimate")
+    bound = structure.bind({k: int(v) for k, v in plan.config.items()
+                            if k in structure.symbols()}) if structure.symbols() else structure
+    moved = flops = 0
+    for op in bound.ops:
+        if op.kind in ("input", "output"):
+            continue
+        if op.kind != "graph_kernel":
+            moved += 4 * sum(math.prod(bound.tensors[t].shape) for t in op.inputs + op.outputs)
+            flops += _op_flops(op.kind, [bound.tensors[t].shape for t in op.inputs],
+                               bound.tensors[op.outputs[0]].shape)
+            continue
+        bg = op.attrs["block_graph"]
+        blocks = math.prod(int(g) for g in bg.grid)
+        iters = int(bg.forloop_range)
+        for bop in bg.ops:
+            out_shape = bg.tensors[bop.outputs[0]].shape if bop.outputs else ()
+            if bop.kind == "input":
+                reads = iters if bop.attrs["fmap"] >= 0 else 1
+                moved += 4 * math.prod(out_shape) * blocks * reads
+            elif bop.kind == "output":
+                moved += 4 * math.prod(bg.tensors[bop.inputs[0]].shape) * blocks
+            else:
+                times = iters if bg.tensors[bop.outputs[0]].stage == "body" else 1
+                flops += blocks * times * _op_flops(
+                    bop.kind, [bg.tensors[t].shape for t in bop.inputs], out_shape)
+    launches = len(plan.kernels)
+    return Estimate(moved, flops, launches, roofline(moved, flops, launches, spec))
+
+
+def _op_flops(kind: str, in_shapes: list[tuple], out_shape: tuple) -> int:
+    elems = math.prod(int(d) for d in out_shape) if out_shape else 1
+    if kind == "matmul":
+        return 2 * elems * int(in_shapes[0][-1])
+    if kind in ("sum", "mean", "rms_norm", "accum"):
+        return max(elems, math.prod(int(d) for d in in_shapes[0]))
+    return elems
+
+
+def legal(structure: KernelGraph, config: Mapping[str, int], device: str | DeviceSpec
+          ) -> str | None:
+    """None when ``config`` lowers for ``device``, else the lowering's reason."""
+    try:
+        lower(structure, config, resolve_spec(device), "check")
+    except (ShapeError, ValueError) as err:
+        return str(err)
+    return None

@@ -1,0 +1,120 @@
+"""Cached kernels: the best verified kernel of a program, from the database, as a callable.
+
+``best`` answers "what is the fastest kernel we ever found for this program at these shapes on
+this device" with one indexed lookup; ``load`` turns the answer into a function on arrays,
+compiling the stored source (the compile is cached on disk by source hash, so a second process
+pays nothing).  Only kernels that passed every verification layer and the numeric check are in
+the best table (``db.Database.update_best`` accepts only 'ok' measurements), so only those are
+ever returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import db
+from search import KernelGraph, structural_hash
+from search.lang import Program
+from search.serialize import from_obj
+from search.suite import load_program
+
+from .api import InputError
+
+
+@dataclass(frozen=True)
+class ProgramKey:
+    """What a best kernel is filed under: the reference's hash, its input shapes, dtype."""
+
+    name: str
+    program_hash: str
+    shapes: dict[str, list[int]]
+    dtype: str
+
+
+def program_key(program: Program, reference: KernelGraph | None = None) -> ProgramKey:
+    reference = reference if reference is not None else program.build()
+    shapes = {n: [int(d) for d in s] for n, s in program.inputs.items()}
+    return ProgramKey(program.name, structural_hash(reference), shapes, program.dtype)
+
+
+def resolve_device_key(device: str | None) -> str | None:
+    """``cpu`` / ``cuda`` mean this machine's device; anything else is a stored device key."""
+    if device in (None, ""):
+        return None
+    if device == "cpu" or device == "cuda" or (device.startswith("cuda:")
+                                                and device[5:].isdigit()):
+        from kernels.devices import device_key
+
+        kind, _, index = device.partition(":")
+        return device_key(kind, int(index or 0))
+    return device
+
+
+def launch_hint(name: str, shapes: Mapping[str, Any]) -> str:
+    sets = " ".join(f"--set {k}={'x'.join(str(d) for d in v)}" for k, v in shapes.items())
+    return (f"no tuned kernel for {name} ({sets}) in this database; tune it with `tuner launch "
+            f"JOB.yaml` (a job listing `{{name: {name}, set: ...}}`; see "
+            "examples/quickstart.yaml)")
+
+
+def best(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
+         device: str | None = None, url: str | None = None,
+         database: db.Database | None = None) -> db.BestKernel | None:
+    """The best stored kernel of ``program`` (a built-in name, a program file or a Program)
+    at its shapes (after ``overrides``) on ``device`` (a device key, or ``cpu``/``cuda`` for
+    this machine's; None: the fastest on any device).  None when nothing was tuned."""
+    prog = program if isinstance(program, Program) else load_program(program, overrides)
+    key = program_key(prog)
+    own = database is None
+    database = database or db.connect(url, migrate_schema=False)
+    try:
+        return database.best_kernel(key.program_hash, key.shapes, key.dtype,
+                                    resolve_device_key(device))
+    finally:
+        if own:
+            database.close()
+
+
+def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
+         device: str | None = "cpu", url: str | None = None,
+         database: db.Database | None = None) -> Callable[..., list]:
+    """The best stored kernel of ``program`` as a function ``f(*arrays) -> [outputs]``.
+
+    cpu kernels take and return numpy float32 arrays; cuda kernels CuPy arrays.  Raises
+    ``InputError`` (with the launch command to run) when nothing was tuned.
+    """
+    prog = program if isinstance(program, Program) else load_program(program, overrides)
+    record = best(prog, device=device, url=url, database=database)
+    if record is None:
+        raise InputError(launch_hint(prog.name, prog.inputs))
+    return kernel_from_record(record, prog.name)
+
+
+def kernel_from_record(record: db.BestKernel, name: str = "kernel") -> Callable[..., list]:
+    """Compile a best-kernel record's stored source for its device and wrap it."""
+    from kernels.lower import lower
+
+    structure = from_obj(record.structure)
+    config = {k: int(v) for k, v in (record.config or {}).items()}
+    if record.device_key.startswith("cpu"):
+        from kernels.build import CpuKernel
+        from kernels.compile import compile_cpp
+
+        plan = lower(structure, config, "cpu", name)
+        return CpuKernel(plan, compile_cpp(record.source))
+    from kernels.cuda import CudaKernel, cuda_device_spec, require_cuda
+
+    require_cuda()
+    plan = lower(structure, config, cuda_device_spec(), name)
+    kernel = CudaKernel(plan, record.source)
+
+    def call(*inputs: Any) -> list:
+        import cupy
+
+        outs = [cupy.empty(b.shape, cupy.float32) for b in plan.outputs]
+        kernel(list(inputs), outs)
+        return outs
+
+    return call

@@ -1,0 +1,349 @@
+"""``tuner launch``: a job file through search, verification, tuning and the database.
+
+For each program of the job, in order: search (shards over Ray, each finished shard saved so a
+relaunch skips it) → verified structures stored → the op-by-op baseline timed → for each of the
+best-ranked structures and each device, an Optuna study (``tuner.tune``) whose trials run on
+measurement slots and are stored as they finish.  A launch killed anywhere and started again
+with the same job and database continues where it was; nothing measured is measured again.
+The job file is validated, the devices checked and the database URL parsed before anything
+is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import db
+from search.serialize import to_obj
+
+from .api import InputError
+from .cached import program_key
+from .jobfile import JobSpec, ProgramEntry, load_job
+from .tune import StudyOutcome, StudyRunner, StudyTask, study_name
+
+SHARD_KEY_LEN = 200
+
+
+@dataclass
+class ProgramReport:
+    """One program's line of the summary table."""
+
+    program: str
+    shapes: dict[str, list[int]]
+    device_key: str = ""
+    best_s: float | None = None
+    baseline_s: float | None = None
+    structures_found: int = 0
+    structures_tuned: int = 0
+    trials: int = 0  # configs measured (this run and resumed ones)
+    new_trials: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    skipped: int = 0
+    invalid: int = 0
+    best_structure: str | None = None
+    best_config: dict | None = None
+    search_s: float = 0.0
+    tune_s: float = 0.0
+    shards_reused: int = 0
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_s and self.baseline_s:
+            return self.baseline_s / self.best_s
+        return None
+
+    def as_dict(self) -> dict:
+        return {"program": self.program, "shapes": self.shapes, "device_key": self.device_key,
+                "best_s": self.best_s, "baseline_s": self.baseline_s, "speedup": self.speedup,
+                "structures_found": self.structures_found,
+                "structures_tuned": self.structures_tuned, "trials": self.trials,
+                "new_trials": self.new_trials,
+                "failures": {k: v for k, v in self.statuses.items() if k != "ok"},
+                "skipped_by_roofline": self.skipped, "invalid_configs": self.invalid,
+                "best_structure": self.best_structure, "best_config": self.best_config,
+                "search_s": round(self.search_s, 3), "tune_s": round(self.tune_s, 3),
+                "shards_reused": self.shards_reused}
+
+
+@dataclass
+class LaunchResult:
+    job_id: int
+    job_key: str
+    resumed: bool
+    url: str
+    reports: list[ProgramReport]
+    elapsed_s: float
+
+    def as_dict(self) -> dict:
+        return {"job_id": self.job_id, "job_key": self.job_key, "resumed": self.resumed,
+                "database": self.url, "elapsed_s": round(self.elapsed_s, 3),
+                "programs": [r.as_dict() for r in self.reports]}
+
+
+def job_key(job: JobSpec) -> str:
+    """Identifies a job across relaunches: its programs (by reference hash and shapes) and
+    every setting that changes what is searched or tuned."""
+    desc = {
+        "programs": [[e.program.name, program_key(e.program).program_hash,
+                      program_key(e.program).shapes] for e in job.programs],
+        "search": repr(job.search), "tuning": repr(job.tuning), "devices": list(job.devices),
+    }
+    digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{Path(job.source).stem}:{digest}"
+
+
+def check_devices(devices: tuple[str, ...]) -> None:
+    """Refuse a device this machine (or cluster) cannot measure on, before anything runs."""
+    for i, device in enumerate(devices):
+        if device.startswith("cuda"):
+            from kernels.devices import cuda_available
+
+            ok, why = cuda_available()
+            if not ok:
+                raise InputError(f"devices[{i}]: {device}: the cuda device is unavailable "
+                                 f"({why}); use 'devices: [cpu]' or run on a GPU machine")
+
+
+def prepare(path: str | Path, db_url: str | None = None, resume: bool = False
+            ) -> tuple[JobSpec, str]:
+    """Validate everything a launch needs without writing anything: (job, database URL)."""
+    job = load_job(path)
+    url = db_url or job.database.url
+    try:
+        db.normalize_url(url)
+    except (ValueError, db.DatabaseError) as err:
+        raise InputError(f"database URL {url!r}: {err}") from None
+    check_devices(job.devices)
+    if resume and not _has_job(url, job_key(job)):
+        raise InputError(f"--resume: no earlier run of {path} in {url}; drop --resume to "
+                         "start it")
+    return job, url
+
+
+def _has_job(url: str, key: str) -> bool:
+    try:
+        database = db.connect(url, migrate_schema=False)
+    except db.DatabaseError:
+        return False
+    with database:
+        from sqlalchemy import select
+
+        from db.models import Job
+
+        with database.session(write=False) as s:
+            return s.execute(select(Job.id).where(Job.job_key == key)).first() is not None
+
+
+class Launch:
+    """One run of a job; ``run()`` returns the summary.  See the module docstring."""
+
+    def __init__(self, job: JobSpec, url: str, *, address: str | None = None,
+                 log: Callable[[str], None] | None = None, progress: Any = None) -> None:
+        self.job, self.url = job, url
+        self.address = address or job.cluster.address
+        self.log = log or (lambda _msg: None)
+        self.progress = progress
+
+    def run(self) -> LaunchResult:
+        start = time.perf_counter()
+        database = db.connect(self.url)
+        record = database.start_job(job_key(self.job), self.job.source)
+        self.log(f"job {record.job_key} ({'resumed, attempt ' + str(record.attempts) if record.resumed else 'new'})"
+                 f" -> {database!r}")
+        status, reports, timings = "failed", [], {}
+        try:
+            reports = self._run(database, record.id, timings)
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            timings["total_s"] = round(time.perf_counter() - start, 3)
+            try:
+                database.finish_job(record.id, status, timings)
+            finally:
+                database.close()
+        return LaunchResult(record.id, record.job_key, record.resumed, self.url, reports,
+                            time.perf_counter() - start)
+
+    def _run(self, database: db.Database, job_id: int, timings: dict) -> list[ProgramReport]:
+        from cluster import SlotPool, make_executor, start_ray, stop_ray
+
+        started = start_ray(self.job.cluster.workers, self.address)
+        executor = make_executor(self.job.cluster.workers, self.address)
+        pools = {}
+        try:
+            for device in self.job.devices:
+                pools[device] = SlotPool("cpu" if device == "cpu" else "cuda", 1, use_ray=True)
+            storage = _storage(self.url)
+            reports = []
+            for entry in self.job.programs:
+                reports += self._program(database, job_id, entry, executor, pools, storage,
+                                         timings)
+            return reports
+        finally:
+            for pool in pools.values():
+                pool.close()
+            executor.close()
+            if started:
+                stop_ray()
+
+    # -- one program ----------------------------------------------------------------------
+
+    def _program(self, database: db.Database, job_id: int, entry: ProgramEntry,
+                 executor: Any, pools: dict, storage: Any, timings: dict
+                 ) -> list[ProgramReport]:
+        from cluster import ShardResult, search_program
+
+        program = entry.program
+        reference = program.build()
+        key = program_key(program, reference)
+        pid = database.record_program(key.program_hash, key.shapes, key.dtype, program.name,
+                                      to_obj(reference))
+        prefix = f"{key.program_hash[:16]}/"
+        done = {}
+        for stats in database.shard_results(job_id, prefix).values():
+            res = ShardResult.from_json(stats)
+            done[res.shard_id] = res
+
+        def save(res: ShardResult) -> None:
+            if res.complete:
+                database.record_shard(job_id, _shard_key(prefix, res.shard_id), "finished",
+                                      res.to_json())
+
+        t0 = time.perf_counter()
+        self.log(f"{program.name}: search ({len(done)} shards from an earlier run)")
+        result = search_program(program, self.job.search.limits(), executor=executor,
+                                time_limit_s=self.job.search.time_limit_s, done=done,
+                                on_shard=save, on_progress=self._search_progress(program.name))
+        search_s = time.perf_counter() - t0
+        structures = self._store_structures(database, pid, program.name, result, reference)
+        self.log(f"{program.name}: {len(result.verified)} verified structure(s) in "
+                 f"{search_s:.1f} s; tuning the best {len(structures)}")
+        reports = []
+        for device, pool in pools.items():
+            rep = ProgramReport(program.name, key.shapes, pool.key,
+                                structures_found=len(result.verified),
+                                search_s=search_s, shards_reused=len(done))
+            t1 = time.perf_counter()
+            rep.baseline_s = self._baseline(pool, reference)
+            runner = StudyRunner(database, storage, self.job.tuning.make_sampler, pool,
+                                 trials=self.job.tuning.trials_per_structure,
+                                 deadline=self._deadline(),
+                                 on_trial=self._trial_progress(program.name))
+            for sid, shash, graph in structures:
+                from kernels.space import config_space
+
+                task = StudyTask(program.name, sid, shash, graph, to_obj(graph),
+                                 to_obj(reference), config_space(graph, pool.spec), pool.key,
+                                 pool.spec, study_name(program.name, key.program_hash,
+                                                       db.shapes_key(key.shapes), shash,
+                                                       pool.key), rep.baseline_s)
+                outcome = runner.run(task, key.program_hash)
+                self._merge(rep, outcome)
+                rep.structures_tuned += 1
+            best = database.best_kernel(key.program_hash, key.shapes, key.dtype, pool.key)
+            if best is not None:
+                rep.best_s, rep.best_structure = best.time_s, best.structure_hash
+                rep.best_config = best.config
+                rep.baseline_s = rep.baseline_s or best.baseline_s
+            rep.tune_s = time.perf_counter() - t1
+            timings[f"{program.name}@{device}"] = {"search_s": round(search_s, 3),
+                                                   "tune_s": round(rep.tune_s, 3)}
+            reports.append(rep)
+            self.log(f"{program.name} on {pool.key}: {rep.trials} trial(s), best "
+                     f"{_ms(rep.best_s)} vs numpy {_ms(rep.baseline_s)}")
+        return reports
+
+    def _store_structures(self, database: db.Database, pid: int, name: str, result: Any,
+                          reference: Any) -> list[tuple[int, str, Any]]:
+        """Store every verified structure; return the best-ranked ones to tune.  A search
+        that verified nothing leaves the reference itself (op by op, trivially equivalent)."""
+        from search import structural_hash
+        from verifier import DEFAULT_TESTS
+
+        ranked = [(s["hash"], result.verified[s["hash"]], s) for s in result.structures]
+        verification = {"layer": "structure", "tests": DEFAULT_TESTS, "instance": "small",
+                        "symbols": 2, "arithmetic": "field", "verdict": "equivalent"}
+        if not ranked:
+            h = structural_hash(reference)
+            ranked = [(h, reference, {"num_kernels": len(reference.ops) - len(
+                reference.input_ids) - len(reference.ops_of("output")), "bytes_moved": None})]
+            verification = {"layer": "structure", "verdict": "reference",
+                            "note": "the search verified nothing; the reference is tuned"}
+        out = []
+        for h, graph, desc in ranked:
+            sid = database.record_structure(pid, h, to_obj(graph), verification,
+                                            int(desc.get("num_kernels") or 0),
+                                            desc.get("bytes_moved"))
+            out.append((sid, h, graph))
+        return out[: self.job.tuning.structures]
+
+    def _baseline(self, pool: Any, reference: Any) -> float | None:
+        pool.submit("baseline", {"reference": to_obj(reference), "tag": "baseline"})
+        return pool.next_done().get("baseline_s")
+
+    def _deadline(self) -> float | None:
+        budget = self.job.tuning.time_budget_s
+        if budget is None:
+            return None
+        if not hasattr(self, "_tune_deadline"):
+            self._tune_deadline = time.time() + budget
+        return self._tune_deadline
+
+    @staticmethod
+    def _merge(rep: ProgramReport, outcome: StudyOutcome) -> None:
+        rep.trials += outcome.measured
+        rep.new_trials += outcome.new
+        rep.statuses.update(outcome.statuses)
+        rep.skipped += outcome.skipped
+        rep.invalid += outcome.invalid
+
+    def _search_progress(self, name: str) -> Callable[[dict], None]:
+        def report(info: dict) -> None:
+            if self.progress is not None:
+                self.progress.search(name, info)
+        return report
+
+    def _trial_progress(self, name: str) -> Callable[[StudyTask, dict], None]:
+        def report(task: StudyTask, res: dict) -> None:
+            if self.progress is not None:
+                self.progress.trial(name, task, res)
+        return report
+
+
+def _shard_key(prefix: str, shard_id: str) -> str:
+    key = prefix + shard_id
+    if len(key) > SHARD_KEY_LEN:
+        key = prefix + "sha256:" + hashlib.sha256(shard_id.encode()).hexdigest()
+    return key
+
+
+def _storage(url: str) -> Any:
+    """Optuna's RDB storage on the tuner database itself (optuna-dashboard reads it)."""
+    import optuna
+
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def launch(path: str | Path, *, db_url: str | None = None, address: str | None = None,
+           resume: bool = False, log: Callable[[str], None] | None = None,
+           progress: Any = None) -> LaunchResult:
+    """Run the job file at ``path`` (see the module docstring); the Python face of
+    ``tuner launch``."""
+    job, url = prepare(path, db_url, resume)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    return Launch(job, url, address=address, log=log, progress=progress).run()

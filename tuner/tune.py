@@ -1,0 +1,240 @@
+"""One Optuna study per verified structure × device, asked and told by the driver.
+
+The driver is the only writer (as in Ray Tune): it asks Optuna for a config, sends it to a
+measurement slot, stores the trial and its measurement, then tells Optuna.  The database is
+written before Optuna is told, so a launch killed in between leaves a RUNNING Optuna trial whose
+measurement is already stored: the resumed study tells it from the database; a RUNNING trial
+with nothing stored is failed and its config enqueued again.  A config already measured for this
+structure and device (a sampler proposing it twice, or a resumed study) is answered from the
+database and never measured twice, so no row is ever duplicated.
+
+The AStitch rule's config is enqueued as the first trial; after that, a config whose roofline
+lower bound is slower than the best measured time cannot win and is skipped unmeasured.  The
+bound is calibrated by the lowest measured/roofline ratio seen in the study: on a CPU a small
+working set lives in cache and runs faster than the DRAM roofline, which would otherwise skip
+configs that can win.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import db
+from kernels.space import ConfigSpace, estimate
+from search import KernelGraph
+
+MEASURED = db.MEASUREMENT_STATUSES
+
+
+@dataclass
+class StudyTask:
+    """What the driver knows about one structure × device study."""
+
+    program: str
+    structure_id: int
+    structure_hash: str
+    structure: KernelGraph
+    structure_obj: dict
+    reference_obj: dict
+    space: ConfigSpace
+    device_key: str
+    spec: Any  # the device's kernels.DeviceSpec (for the roofline)
+    study_name: str
+    baseline_s: float | None = None
+
+
+@dataclass
+class StudyOutcome:
+    study_name: str
+    measured: int = 0  # configs measured in this study (this run and earlier ones)
+    new: int = 0  # measured by this run
+    best_s: float | None = None
+    statuses: Counter = field(default_factory=Counter)
+    skipped: int = 0  # roofline said it cannot win
+    efficiency: float | None = None  # lowest measured / roofline seen (< 1: data in cache)
+    invalid: int = 0
+
+
+def _optuna() -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna
+
+
+def study_name(program: str, program_hash: str, shapes_key: str, structure_hash: str,
+               device_key: str) -> str:
+    """Stable across relaunches: the same program, shapes, structure and device resume."""
+    return (f"{program}:{program_hash[:12]}:{db.config_hash(shapes_key)[:8]}:"
+            f"{structure_hash[:12]}:{device_key}")
+
+
+class StudyRunner:
+    """Runs studies on one device's slot pool against one database."""
+
+    def __init__(self, database: db.Database, storage: Any, make_sampler: Callable[[], Any],
+                 pool: Any, *, trials: int, seed: int = 0, deadline: float | None = None,
+                 timing: dict | None = None, timeout_s: float = 60.0,
+                 on_trial: Callable[[StudyTask, dict], None] | None = None) -> None:
+        self.db, self.storage, self.make_sampler, self.pool = database, storage, make_sampler, pool
+        self.trials, self.seed, self.deadline = trials, seed, deadline
+        self.timing, self.timeout_s, self.on_trial = timing, timeout_s, on_trial
+        self._estimates: dict[int, float] = {}
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.time() > self.deadline
+
+    def run(self, task: StudyTask, program_hash: str) -> StudyOutcome:
+        optuna = _optuna()
+        dists = {name: optuna.distributions.CategoricalDistribution(list(choices))
+                 for name, choices in task.space.params.items()}
+        study = optuna.create_study(study_name=task.study_name, storage=self.storage,
+                                    sampler=self.make_sampler(), direction="minimize",
+                                    load_if_exists=True)
+        study.set_user_attr("device_key", task.device_key)
+        study.set_user_attr("structure_hash", task.structure_hash)
+        known = self._known(task, program_hash)
+        out = StudyOutcome(task.study_name)
+        self._recover(study, known, optuna)
+        if not study.trials:
+            study.enqueue_trial(task.space.default)
+        for status, median in known.values():
+            out.statuses[status] += 1
+            if status == "ok" and (out.best_s is None or median < out.best_s):
+                out.best_s = median
+        out.measured = len(known)
+        if study.user_attrs.get("finished"):
+            return out  # an earlier run completed this study: nothing to ask
+        space_size = task.space.size
+        inflight: dict[int, tuple[Any, dict, str]] = {}
+        asks = 0
+        max_asks = 4 * self.trials + 20  # duplicates and skips do not measure; bound them
+        while True:
+            while (self.pool.idle and out.measured + len(inflight) < min(self.trials, space_size)
+                   and asks < max_asks and not self.past_deadline()):
+                asks += 1
+                trial = study.ask(dists)
+                config = {k: int(v) for k, v in trial.params.items()}
+                self._propose(task, study, trial, config, known, inflight, out, optuna)
+            if not inflight:
+                break
+            res = self.pool.next_done()
+            number = res["tag"]
+            trial, config, chash = inflight.pop(number)
+            self._store(task, trial, config, res, known, out, study, optuna)
+        if not self.past_deadline():
+            study.set_user_attr("finished", True)
+        return out
+
+    # -- one proposal ---------------------------------------------------------------------
+
+    def _propose(self, task: StudyTask, study: Any, trial: Any, config: dict, known: dict,
+                 inflight: dict, out: StudyOutcome, optuna: Any) -> None:
+        chash = db.config_hash(config)
+        if chash in known:  # measured before: answer from the database
+            status, median = known[chash]
+            trial.set_user_attr("cached", True)
+            if status == "ok":
+                study.tell(trial, median)
+            else:
+                trial.set_user_attr("status", status)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return
+        if any(c == chash for _, _, c in inflight.values()):
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return
+        why = task.space.check(config)
+        est = None
+        if why is None:
+            try:
+                est = estimate(task.structure, config, task.spec)
+            except ValueError as err:  # ShapeError is a ValueError
+                why = str(err)
+        if why is not None:
+            out.invalid += 1
+            trial.set_user_attr("invalid", why[:500])
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return
+        bound = est.seconds * min(1.0, out.efficiency or 1.0)
+        if out.best_s is not None and bound > out.best_s:
+            out.skipped += 1
+            trial.set_user_attr("skipped", f"roofline {bound:.3g} s > best {out.best_s:.3g} s")
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return
+        trial.set_user_attr("roofline_s", est.seconds)
+        request = {"tag": trial.number, "structure": task.structure_obj,
+                   "reference": task.reference_obj, "config": config, "seed": self.seed,
+                   "timing": self.timing, "timeout_s": self.timeout_s}
+        inflight[trial.number] = (trial, config, chash)
+        self._estimates[trial.number] = est.seconds
+        self.pool.submit("trial", request)
+
+    # -- one result -----------------------------------------------------------------------
+
+    def _store(self, task: StudyTask, trial: Any, config: dict, res: dict, known: dict,
+               out: StudyOutcome, study: Any, optuna: Any) -> None:
+        status = res["status"]
+        if status not in MEASURED:  # did not lower: nothing was built or measured
+            out.invalid += 1
+            trial.set_user_attr("invalid", str(res.get("message", ""))[:500])
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return
+        trial_id = self.db.record_trial(task.structure_id, task.device_key, config,
+                                        task.study_name, trial.number)
+        ok = status == "ok"
+        mid = self.db.record_measurement(
+            trial_id, status, median_s=res.get("median_s") if ok else None,
+            spread_s=res.get("spread_s") if ok else None,
+            samples=res.get("samples") if ok else None, max_error=res.get("max_error"),
+            message=res.get("message") or None, host=res.get("host"))
+        if ok and res.get("source"):
+            self.db.update_best(mid, res["source"], task.baseline_s)
+        known[db.config_hash(config)] = (status, res.get("median_s"))
+        out.measured += 1
+        out.new += 1
+        out.statuses[status] += 1
+        trial.set_user_attr("status", status)
+        if ok:
+            est = self._estimates.pop(trial.number, None)
+            if est:  # calibrate the bound: small working sets beat the DRAM roofline
+                ratio = res["median_s"] / est
+                out.efficiency = ratio if out.efficiency is None else min(out.efficiency, ratio)
+            if out.best_s is None or res["median_s"] < out.best_s:
+                out.best_s = res["median_s"]
+            study.tell(trial, res["median_s"])
+        else:
+            trial.set_user_attr("message", str(res.get("message", ""))[:500])
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if self.on_trial:
+            self.on_trial(task, res)
+
+    # -- resume ---------------------------------------------------------------------------
+
+    def _known(self, task: StudyTask, program_hash: str) -> dict[str, tuple[str, float | None]]:
+        """Configs of this structure already measured on this device: hash → (status, s)."""
+        out: dict[str, tuple[str, float | None]] = {}
+        for h in self.db.history(program_hash, device_key=task.device_key):
+            if h.structure_id == task.structure_id and h.attempt == 0:
+                out[db.config_hash(h.config)] = (h.status, h.median_s)
+        return out
+
+    def _recover(self, study: Any, known: dict, optuna: Any) -> None:
+        """Close trials a killed launch left RUNNING (or WAITING with a measurement)."""
+        for t in study.get_trials(deepcopy=False,
+                                  states=(optuna.trial.TrialState.RUNNING,)):
+            chash = db.config_hash({k: int(v) for k, v in t.params.items()})
+            if chash in known:
+                status, median = known[chash]
+                if status == "ok":
+                    study.tell(t.number, median)
+                else:
+                    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            else:  # asked, never stored: measure it again in this run
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                study.enqueue_trial({k: int(v) for k, v in t.params.items()})
