@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo tour test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,15 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The quickstart job (search, verify, tune, store in ./tuner.db), then the answer read back
+# from the database by two new processes: the CLI and the Python API.
 demo: $(STAMP)
+	$(BIN)/tuner launch examples/quickstart.yaml
+	$(BIN)/tuner best rmsnorm_matmul --set X=16x256 --set W=256x256
+	$(BIN)/python examples/use_best.py
+
+# A tour of the verifier and the search on their own.
+tour: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 test: $(STAMP)

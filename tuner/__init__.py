@@ -1,12 +1,23 @@
 """Tuner: a distributed superoptimizer for GPU tensor programs.
 
 The Python face: build programs like Mirage (``new_kernel_graph``), load built-in or file
-programs, and check equivalence of µGraphs.
+programs, check equivalence of µGraphs, run a job file (``launch``) and get the best tuned
+kernel back from the database (``best`` for the record, ``load`` for a callable).
 """
 
 from search import BlockGraph, KernelGraph, new_block_graph, new_kernel_graph
 
 from .api import list_programs, load_graph, load_program, program_graph, verify_files
+from .cached import best, load
 
-__all__ = ["BlockGraph", "KernelGraph", "list_programs", "load_graph", "load_program",
-           "new_block_graph", "new_kernel_graph", "program_graph", "verify_files"]
+
+def launch(path: str, **kwargs: object) -> object:
+    """Run a job file (``tuner.launch.launch``); imported lazily, it pulls in Ray."""
+    from .launch import launch as _launch
+
+    return _launch(path, **kwargs)  # type: ignore[arg-type]
+
+
+__all__ = ["BlockGraph", "KernelGraph", "best", "launch", "list_programs", "load",
+           "load_graph", "load_program", "new_block_graph", "new_kernel_graph",
+           "program_graph", "verify_files"]

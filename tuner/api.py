@@ -12,13 +12,17 @@ from search.lang import Program, ProgramError
 from search.suite import builtin_names, load_program, small_instance
 from verifier import DEFAULT_TESTS, Verdict, equivalent
 
+from .jobfile import JobError
+
 
 class InputError(ValueError):
     """A bad argument to the API (the CLI prints it as one line, exit code 2)."""
 
 
 # Everything a user can get wrong in an input; the CLI turns these into exit code 2.
-INPUT_ERRORS = (InputError, ProgramError, GraphFormatError, ShapeError, FileNotFoundError)
+# db.DatabaseError (a missing driver, a schema to upgrade) is added by the commands using db.
+INPUT_ERRORS: tuple[type[Exception], ...] = (InputError, ProgramError, GraphFormatError,
+                                             ShapeError, FileNotFoundError, JobError)
 
 __all__ = ["DEFAULT_TESTS", "INPUT_ERRORS", "InputError", "format_graph", "list_programs",
            "load_graph", "load_program", "parse_config", "parse_pairs", "program_graph",

@@ -13,7 +13,7 @@ from importlib import import_module
 
 from . import api
 
-COMMAND_MODULES = ("tuner.cmd_search", "tuner.cmd_kernels")
+COMMAND_MODULES = ("tuner.cmd_search", "tuner.cmd_kernels", "tuner.cmd_launch")
 
 
 def cmd_programs(args: argparse.Namespace) -> int:
@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _database_errors() -> tuple[type[Exception], ...]:
+    """The database's user-fixable errors, without importing db for commands not using it."""
+    db = sys.modules.get("db")
+    return (db.DatabaseError,) if db is not None else ()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -97,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except api.INPUT_ERRORS as err:
+    except (*api.INPUT_ERRORS, *_database_errors()) as err:
         print(f"tuner {args.command}: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into head & co.

@@ -1,0 +1,196 @@
+"""``tuner launch``, ``tuner best`` and ``tuner db upgrade``: jobs and the database."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .api import InputError, parse_pairs
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("launch", help="run a job file: search, verify, tune, store")
+    p.add_argument("job", metavar="JOB.yaml", help="job file (see docs/job-file.md)")
+    p.add_argument("--db", metavar="URL", help="database URL (overrides the job's database.url)")
+    p.add_argument("--address", help="join a running Ray cluster (overrides cluster.address)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an earlier run of this job (an error if there was none); "
+                        "the same job and database always continue where they stopped")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress, only the summary")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("best", help="the best tuned kernel of a program, from the database")
+    p.add_argument("program", metavar="PROGRAM", help="built-in name or program file")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="the shapes it was tuned at (X=16x256) or a parameter (batch=8)")
+    p.add_argument("--device", metavar="KEY",
+                   help="a device key, or cpu / cuda for this machine's (default: any)")
+    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+    p.add_argument("--source", action="store_true", help="print the kernel's source")
+    p.set_defaults(func=cmd_best)
+
+    p = sub.add_parser("db", help="database maintenance")
+    dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    q = dbsub.add_parser("upgrade", help="create the tuner tables or migrate them to the head")
+    q.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    q.set_defaults(func=cmd_db_upgrade)
+
+
+# ---------------------------------------------------------------- launch
+
+
+class Progress:
+    """Bars per phase on a terminal (tqdm), plain log lines otherwise; silent when quiet."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+
+    def log(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def _bar(self, desc: str, unit: str, total: int | None = None) -> Any:
+        if self.bar is not None and self.bar.desc == desc:
+            return self.bar
+        self.close()
+        from tqdm import tqdm
+
+        self.bar = tqdm(desc=desc, total=total, unit=unit, file=sys.stderr, leave=False)
+        return self.bar
+
+    def search(self, program: str, info: dict) -> None:
+        if self.quiet:
+            return
+        line = (f"states {info['states']:,}  verified {info['verified']}  "
+                f"{info['elapsed_s']:.1f}s")
+        if self.tty:
+            self._bar(f"search {program}", " states").set_postfix_str(line)
+        else:
+            print(f"search {program}: {line}", file=sys.stderr, flush=True)
+
+    def trial(self, program: str, task: Any, res: dict) -> None:
+        if self.quiet:
+            return
+        t = res.get("median_s")
+        what = f"{t * 1e3:.3f} ms" if res["status"] == "ok" and t else res["status"]
+        config = " ".join(f"{k}={v}" for k, v in sorted(res.get("config", {}).items()))
+        if self.tty:
+            bar = self._bar(f"tune {program}", " trials")
+            bar.update(1)
+            bar.set_postfix_str(f"{config}: {what}")
+        else:
+            print(f"tune {program} [{task.structure_hash[:10]}] {config}: {what}",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.3f}"
+
+
+def format_summary(result: Any) -> str:
+    rows = [("program", "device", "best ms", "numpy ms", "speedup", "structures", "trials",
+             "failures", "best kernel")]
+    for r in result.reports:
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != "ok")
+        cfg = " ".join(f"{k}={v}" for k, v in sorted((r.best_config or {}).items()))
+        rows.append((r.program, r.device_key.split(":")[0], _ms(r.best_s), _ms(r.baseline_s),
+                     f"{r.speedup:.2f}x" if r.speedup else "-",
+                     f"{r.structures_tuned}/{r.structures_found}",
+                     f"{r.trials} ({r.new_trials} new)", fails or "none",
+                     f"{(r.best_structure or '-')[:12]} {cfg}".strip()))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    word = "resumed" if result.resumed else "new"
+    lines.append(f"job {result.job_key} ({word}) in {result.elapsed_s:.1f} s -> {result.url}")
+    return "\n".join(lines)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from .launch import Launch, prepare
+
+    job, url = prepare(args.job, args.db, args.resume)  # nothing written before this passes
+    progress = Progress(args.quiet or args.json)
+    try:
+        result = Launch(job, url, address=args.address, log=progress.log,
+                        progress=progress).run()
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"tuner launch: interrupted; everything measured so far is in {url}. "
+              f"Continue with: tuner launch {args.job} --resume", file=sys.stderr)
+        return 130
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(format_summary(result))
+        names = " ".join(f"--set {k}={'x'.join(map(str, v))}"
+                         for k, v in result.reports[0].shapes.items()) if result.reports else ""
+        if result.reports:
+            print(f"query it later: tuner best {result.reports[0].program} {names}"
+                  + (f" --db {url}" if args.db else ""))
+    return 0
+
+
+# ---------------------------------------------------------------- best
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from search.suite import load_program
+
+    from .cached import best, launch_hint
+
+    program = load_program(args.program, parse_pairs(args.set))
+    record = best(program, device=args.device, url=args.db)
+    if record is None:
+        raise InputError(launch_hint(program.name, program.inputs))
+    if args.json:
+        d = {k: getattr(record, k) for k in record.__dataclass_fields__ if k != "structure"}
+        d["updated_at"] = record.updated_at.isoformat()
+        d["speedup"] = record.speedup
+        d["program"] = program.name
+        if not args.source:
+            d.pop("source")
+        print(json.dumps(d, indent=2, default=str))
+        return 0
+    if args.source:
+        print(record.source)
+        return 0
+    cfg = " ".join(f"{k}={v}" for k, v in sorted((record.config or {}).items()))
+    speed = f"{record.speedup:.2f}x over op-by-op" if record.speedup else "no baseline"
+    shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in program.inputs.items())
+    print(f"{program.name} ({shapes}, {record.dtype}) on {record.device_key}\n"
+          f"  best kernel: {record.time_s * 1e3:.3f} ms ({speed}); structure "
+          f"{record.structure_hash[:16]}, config {cfg or '(none)'}\n"
+          f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints it")
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    import db
+
+    before = db.current_revision(args.db)
+    after = db.upgrade(args.db)
+    shown = db.normalize_url(args.db).render_as_string(hide_password=True)
+    if before == after:
+        print(f"{shown}: already at revision {after} (head)")
+    else:
+        print(f"{shown}: {before or 'empty'} -> {after} (head)")
+    return 0
