@@ -11,6 +11,7 @@ comes back as a plain dict that the driver stores; nothing here raises for a bad
 from __future__ import annotations
 
 import math
+import os
 import socket
 import time
 from collections.abc import Mapping
@@ -22,10 +23,36 @@ from search import KernelGraph, ShapeError
 from .build import check_plan, random_inputs
 from .lower import concretize, lower, resolve_spec
 from .measure import baseline, default_env
+from .render import render
 from .timing import measure
 
 TRIAL_TIMING = {"warmup": 1, "min_repeats": 5, "budget_s": 0.3, "target_rse": 0.03}
 FIELD_CHECK_MAX_ELEMS = 1 << 18  # bound graphs larger than this skip the full-shape field check
+
+
+FAULT_ENV = "TUNER_FAULT_TRIALS"
+_FAULTS = {  # statements put first in the kernel's entry point
+    "crash": "{ volatile float* p = nullptr; *p = 1.0f; }",  # SIGSEGV
+    "hang": "for (volatile int spin = 0; ; ) { (void)spin; }",  # never returns
+    "compile": "this does not compile;",
+}
+_trials_run = 0
+
+
+def _inject_fault(source: str) -> str:
+    """Fault injection for the tuner's tests, off unless ``TUNER_FAULT_TRIALS`` is set: e.g.
+    ``crash@1,hang@3`` makes this process's 1st trial segfault and its 3rd never return, so
+    the tests exercise the real isolation path of a launch (a kernel, not a mock)."""
+    global _trials_run
+    _trials_run += 1
+    spec = os.environ.get(FAULT_ENV, "")
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        kind, _, at = item.partition("@")
+        if kind in _FAULTS and at.isdigit() and int(at) == _trials_run:
+            head, brace, tail = source.partition('extern "C" void kernel(')
+            body_at = tail.index("{") + 1
+            return head + brace + tail[:body_at] + "\n  " + _FAULTS[kind] + tail[body_at:]
+    return source
 
 
 def field_check(reference: KernelGraph, bound: KernelGraph, tests: int = 2) -> str | None:
@@ -79,7 +106,8 @@ def run_trial(structure: KernelGraph, reference: KernelGraph, config: Mapping[st
         return out
     inputs = random_inputs(reference, seed)
     if device == "cpu":
-        res = check_plan(plan, reference, seed=seed, timing=dict(timing), worker=worker,
+        res = check_plan(plan, reference, source=_inject_fault(render(plan, "cpp")),
+                         seed=seed, timing=dict(timing), worker=worker,
                          timeout_s=timeout_s, inputs=inputs, env=default_env())
     else:
         from .cuda import build_cuda

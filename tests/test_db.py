@@ -11,7 +11,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -24,28 +23,6 @@ from db.models import Base, Program
 REPO = Path(__file__).resolve().parents[1]
 PG_ENV = "TUNER_TEST_POSTGRES_URL"
 SHAPES = {"x": [16, 1024], "w": [1024, 256]}
-
-
-@pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'tuner.db'}"
-
-
-@pytest.fixture
-def pg_url():
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"PostgreSQL tests need {PG_ENV} (e.g. from `bash .ci/postgres.sh`)")
-    pytest.importorskip("psycopg", reason="PostgreSQL tests need: pip install 'psycopg[binary]'")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(db.normalize_url(base))
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    url = db.normalize_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
-    yield url.render_as_string(hide_password=False)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-    admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

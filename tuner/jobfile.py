@@ -85,6 +85,7 @@ class TuningSpec:
     trials_per_structure: int = 30
     structures: int = 3  # the best-ranked verified structures of each program that are tuned
     time_budget_s: float | None = None
+    trial_timeout_s: float = 60.0  # a candidate running longer is stopped: status timeout
     sampler: str = "tpe"
     seed: int | None = None
 
@@ -249,7 +250,7 @@ class _Parser:
                 "time_limit_s": self.seconds}),
             tuning=self.section(get("tuning"), "tuning", TuningSpec, {
                 "trials_per_structure": count, "structures": count,
-                "time_budget_s": self.seconds,
+                "time_budget_s": self.seconds, "trial_timeout_s": self.seconds,
                 "sampler": self.sampler,
                 "seed": lambda n, p: self.integer(n, p, 0, null=True)}),
             devices=self.devices(get("devices")),

@@ -237,7 +237,8 @@ class Launch:
             rep.baseline_s = self._baseline(pool, reference)
             runner = StudyRunner(database, storage, self.job.tuning.make_sampler, pool,
                                  trials=self.job.tuning.trials_per_structure,
-                                 deadline=self._deadline(),
+                                 seed=self.job.tuning.seed or 0, deadline=self._deadline(),
+                                 timeout_s=self.job.tuning.trial_timeout_s or 60.0,
                                  on_trial=self._trial_progress(program.name))
             for sid, shash, graph in structures:
                 from kernels.space import config_space

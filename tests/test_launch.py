@@ -1,0 +1,198 @@
+"""End to end: `tuner launch` on SQLite and PostgreSQL, kill and resume, faulty candidates,
+`tuner best` / `tuner.load` from new processes, and optuna-dashboard reading the studies.
+
+Each launch runs the real pipeline (embedded Ray, search, verification, Optuna, C++ kernels
+built and timed in isolated workers) on small shapes, in a subprocess like a user's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import db
+import tuner
+
+REPO = Path(__file__).resolve().parents[1]
+TUNER = [sys.executable, "-m", "tuner.cli"]
+
+JOB = """
+programs:
+  - name: softmax_rows
+    set: {{rows: 64, cols: 64}}
+search:
+  time_limit_s: 120
+tuning:
+  trials_per_structure: {trials}
+  structures: {structures}
+  sampler: {sampler}
+  seed: 0
+  trial_timeout_s: {timeout}
+devices: [cpu]
+cluster:
+  workers: 1
+"""
+
+
+def write_job(tmp_path: Path, trials: int = 4, structures: int = 1, sampler: str = "tpe",
+              timeout: float = 30) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.format(trials=trials, structures=structures, sampler=sampler,
+                               timeout=timeout))
+    return path
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([*TUNER, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def counts(url: str) -> dict[str, int]:
+    with db.connect(url, migrate_schema=False) as database:
+        return database.row_counts()
+
+
+def history(url: str) -> list:
+    key = tuner.cached.program_key(tuner.load_program("softmax_rows", {"rows": 64, "cols": 64}))
+    with db.connect(url, migrate_schema=False) as database:
+        return database.history(key.program_hash)
+
+
+def check_consistent(url: str) -> db.BestKernel:
+    """Every trial measured at most once, every config once per structure and device, and the
+    best row is the fastest 'ok' measurement; returns the best."""
+    rows = history(url)
+    assert rows, "nothing was measured"
+    keys = [(h.structure_id, h.device_key, db.config_hash(h.config)) for h in rows]
+    assert len(keys) == len(set(keys)), "a config was measured twice"
+    best = tuner.best("softmax_rows", {"rows": 64, "cols": 64}, url=url)
+    assert best is not None
+    fastest = min((h for h in rows if h.status == "ok"), key=lambda h: h.median_s)
+    assert best.measurement_id == fastest.measurement_id
+    assert best.time_s == fastest.median_s
+    return best
+
+
+def launch_ok(job: Path, url: str, *extra: str, env: dict | None = None) -> dict:
+    res = run_cli("launch", str(job), "--db", url, "--json", *extra, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+def check_job(url: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path, trials=4, structures=2)
+    summary = launch_ok(job, url)
+    (rep,) = summary["programs"]
+    assert rep["structures_found"] >= 1 and rep["structures_tuned"] >= 1
+    assert rep["trials"] >= 2 and rep["best_s"] > 0 and rep["baseline_s"] > 0
+    best = check_consistent(url)
+    assert best.baseline_s is not None and best.speedup > 0
+    # `tuner best` in a new process answers from the database
+    res = run_cli("best", "softmax_rows", "--set", "rows=64", "--set", "cols=64", "--db", url,
+                  "--json")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["measurement_id"] == best.measurement_id
+    assert got["structure_hash"] == rep["best_structure"]
+    # the stored kernel runs and computes softmax
+    kernel = tuner.load("softmax_rows", {"rows": 64, "cols": 64}, url=url)
+    x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    (out,) = kernel(x)
+    np.testing.assert_allclose(out, np.exp(x) / np.exp(x).sum(1, keepdims=True), rtol=1e-4)
+    # a second launch of the same job measures nothing again and adds no rows
+    before = counts(url)
+    again = launch_ok(job, url)
+    assert again["resumed"] and again["programs"][0]["new_trials"] == 0
+    after = counts(url)
+    assert after == before
+
+
+def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
+    check_job(sqlite_url, tmp_path)
+    # optuna-dashboard's own storage loader opens the database and sees the studies
+    pytest.importorskip("optuna_dashboard")
+    from optuna_dashboard._storage_url import get_storage
+
+    storage = get_storage(sqlite_url)
+    studies = storage.get_all_studies()
+    assert studies and all(s.study_name.startswith("softmax_rows:") for s in studies)
+    assert any(storage.get_all_trials(s._study_id) for s in studies)
+
+
+def test_launch_postgresql_end_to_end(pg_url: str, tmp_path: Path) -> None:
+    check_job(pg_url, tmp_path)
+
+
+def test_sigkill_then_resume(sqlite_url: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path, trials=8, structures=2)
+    proc = subprocess.Popen([*TUNER, "launch", str(job), "--db", sqlite_url, "--quiet"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    path = db.sqlite_file(db.normalize_url(sqlite_url))
+    deadline = time.time() + 240
+    measured = 0
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            try:
+                with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1) as conn:
+                    measured = conn.execute("SELECT count(*) FROM tuner_measurements").fetchone()[0]
+            except sqlite3.Error:
+                continue
+            if measured >= 3:
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launch and everything it started
+        proc.wait()
+    assert measured >= 3, f"the launch never got to tuning: {proc.stderr.read()[-2000:]}"
+    kept = {h.measurement_id: (h.config, h.median_s, h.measured_at) for h in history(sqlite_url)}
+    assert len(kept) >= 3
+    with db.connect(sqlite_url, migrate_schema=False) as database:
+        shards_before = database.row_counts()["tuner_search_shards"]
+    summary = launch_ok(job, sqlite_url, "--resume")
+    assert summary["resumed"]
+    (rep,) = summary["programs"]
+    assert rep["shards_reused"] == shards_before > 0
+    rows = {h.measurement_id: h for h in history(sqlite_url)}
+    for mid, (config, median, at) in kept.items():  # nothing measured was lost or redone
+        assert (rows[mid].config, rows[mid].median_s, rows[mid].measured_at) == (config, median, at)
+    assert rep["new_trials"] == len(rows) - len(kept)
+    assert rep["trials"] == len(rows)
+    best = check_consistent(sqlite_url)
+    assert best.structure_hash == rep["best_structure"]
+    with db.connect(sqlite_url, migrate_schema=False) as database:
+        jobs = database.session(write=False)
+        with jobs as s:
+            from db.models import Job
+
+            (row,) = s.query(Job).all()
+            assert row.status == "finished" and row.attempts == 2
+
+
+def test_resume_without_earlier_run_is_refused(sqlite_url: str, tmp_path: Path) -> None:
+    res = run_cli("launch", str(write_job(tmp_path)), "--db", sqlite_url, "--resume")
+    assert res.returncode == 2
+    assert "--resume: no earlier run" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_crashing_and_hanging_candidates_are_stored(sqlite_url: str, tmp_path: Path) -> None:
+    job = write_job(tmp_path, trials=5, structures=1, timeout=3)
+    summary = launch_ok(job, sqlite_url, env={"TUNER_FAULT_TRIALS": "crash@2,hang@3,compile@4"})
+    (rep,) = summary["programs"]
+    assert rep["failures"] == {"runtime_error": 1, "timeout": 1, "compile_error": 1}
+    statuses = {h.status: h for h in history(sqlite_url)}
+    assert "SIGSEGV" in statuses["runtime_error"].message
+    assert "did not finish within 3 s" in statuses["timeout"].message
+    assert "g++ failed" in statuses["compile_error"].message
+    best = check_consistent(sqlite_url)  # the job went on and found a passing kernel
+    assert best.time_s > 0
