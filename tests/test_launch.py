@@ -196,3 +196,41 @@ def test_crashing_and_hanging_candidates_are_stored(sqlite_url: str, tmp_path: P
     assert "g++ failed" in statuses["compile_error"].message
     best = check_consistent(sqlite_url)  # the job went on and found a passing kernel
     assert best.time_s > 0
+
+
+def _db_files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.parent.glob(path.name + "*"))}
+
+
+def test_malformed_jobs_exit_2_and_leave_the_database_unchanged(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from test_jobfile import MALFORMED
+
+    from tuner import cli
+
+    path = tmp_path / "tuner.db"
+    url = f"sqlite:///{path}"
+    with db.connect(url) as database:  # a database with a job's worth of rows in it
+        pid = database.record_program("h" * 64, {"X": [4, 4]}, "float32", "p", {"ops": []})
+        sid = database.record_structure(pid, "s" * 64, {"ops": []}, {"verdict": "ok"}, 1)
+        tid = database.record_trial(sid, "cpu:test", {"g0": 2})
+        database.update_best(database.record_measurement(tid, "ok", median_s=1e-3), "src")
+    before = _db_files(path)
+    extra = [("programs: [lora]\n", ["--resume"], "--resume: no earlier run"),
+             ("programs: [lora]\n", ["--db", "oracle://x/y"], "database URL")]
+    cases = [(text, [], key) for text, _, key, _ in MALFORMED] + extra
+    from kernels.devices import cuda_available
+
+    if not cuda_available()[0]:
+        cases.append(("programs: [lora]\ndevices: [cuda]\n", [], "cuda device is unavailable"))
+    assert len(cases) >= 20
+    for i, (text, flags, fragment) in enumerate(cases):
+        job = tmp_path / f"bad{i}.yaml"
+        job.write_text(text)
+        db_flag = [] if "--db" in flags else ["--db", url]
+        rc = cli.main(["launch", str(job), *db_flag, *flags])
+        err = capsys.readouterr().err
+        assert rc == 2, (text, err)
+        assert len(err.strip().splitlines()) == 1, err
+        assert fragment in err, (fragment, err)
+        assert _db_files(path) == before, f"case {i} changed the database"
