@@ -328,13 +328,12 @@ class CStyle:
                     row += self._matmul_row(st, coords, (start, end, step), width)
                     self._mm_rows.add(st.var)
         cols = self._stmts(lp.col, coords, guards)
-        for a, red in zip(accs, lp.reductions, strict=True):
-            cols += [f"{a} += {red.src};  // {red.comment}" if red.comment else f"{a} += {red.src};"]
+        sums = [(a, red.src, f"  // {red.comment}" if red.comment else "")
+                for a, red in zip(accs, lp.reductions, strict=True)]
         if width == 1 and lanes == 1:
-            row += [f"{{ const int c = {c0};", *_indent(cols), "}"]
+            row += [f"{{ const int c = {c0};", *_indent(cols + _sum_lines(sums)), "}"]
         else:
-            row += self.col_pragma(lp, accs)
-            row += [f"for (int c = {start}; c < {end}; {step}) {{", *_indent(cols), "}"]
+            row += self.col_loop(lp, cols, sums, (start, end, step), width)
         for a, red in zip(accs, lp.reductions, strict=True):
             row += self.group_sum(a, lanes) + [f"const float {red.dst} = {a};"]
         row += self._stmts(lp.row, coords, guards + (["lane == 0"] if lanes > 1 else []))
@@ -368,12 +367,25 @@ class CStyle:
                 *_indent(self.col_pragma(None, [])),
                 f"  {col} {arr}[c] += a_k * {self._read(b, coords, _mul('kk', b.red))};", "}"]
 
+    def col_loop(self, lp: Loop, body: list[str], sums: list[tuple[str, str, str]],
+                 cols: tuple[str, str, str], width: int) -> list[str]:
+        """The loop over a row's columns: ``body`` per column, then ``acc += value`` for each
+        of ``sums`` (acc, value, comment)."""
+        start, end, step = cols
+        return [*self.col_pragma(lp, [a for a, _, _ in sums]),
+                f"for (int c = {start}; c < {end}; {step}) {{",
+                *_indent(body + _sum_lines(sums)), "}"]
+
     def _uses_coord(self, lp: Loop, d: int) -> bool:
         for st in (*lp.hoisted, *lp.col, *lp.row):
             for a in (st.access if isinstance(st, Let) else (st.access,)):
                 if d < len(a.rows) and a.rows[d]:
                     return True
         return False
+
+
+def _sum_lines(sums: list[tuple[str, str, str]], index: str = "") -> list[str]:
+    return [f"{a}{index} += {v};{note}" for a, v, note in sums]
 
 
 def _mul(name: str, stride: int) -> str:

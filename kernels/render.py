@@ -9,9 +9,12 @@ because block work is written as loops strided by the thread index.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from .cstyle import CStyle, _indent
+from .cpp_prelude import EXP_F, MATMUL_TILE, STREAM_ROW
+from .cstyle import CStyle, _indent, _sum_lines
+from .devices import _cache_bytes
 from .plan import Access, Kernel, KernelPlan, Let, Loop, Store
 
 GROUP_SUM = """template <int L> __device__ __forceinline__ float group_sum(float v, float* red) {
@@ -46,87 +49,9 @@ GRID_BARRIER = """__device__ void grid_barrier(unsigned int* bar, unsigned int b
   }
   __syncthreads();
 }"""
-EXP_F = """static inline float exp_f(float x) {
-  // e^x = 2^n * e^r with |r| <= ln2/2 and e^r a degree-7 polynomial (about 1 ulp). No libm
-  // call and no float-to-int conversion, so `omp simd` loops vectorise it without -ffast-math:
-  // adding 1.5 * 2^23 rounds x*log2(e) to the integer n, which then sits in the low mantissa
-  // bits. 2^n is applied in two halves, so overflow gives inf and underflow gives denormals.
-  x = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
-  const float t = x * 1.44269504088896341f + 12582912.0f;
-  const float n = t - 12582912.0f;
-  int k;
-  memcpy(&k, &t, 4);
-  k -= 0x4B400000;
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int k1 = k >> 1, k2 = k - k1;
-  const int e1 = (k1 + 127) << 23, e2 = (k2 + 127) << 23;
-  float s1, s2;
-  memcpy(&s1, &e1, 4);
-  memcpy(&s2, &e2, 4);
-  return p * s1 * s2;
-}"""
-MATMUL_TILE = """#if defined(__AVX512F__)
-#define TUNER_VL 16
-#define TUNER_CB 4
-#elif defined(__AVX__)
-#define TUNER_VL 8
-#define TUNER_CB 2
-#else
-#define TUNER_VL 4
-#define TUNER_CB 2
-#endif
-typedef float tuner_vf __attribute__((vector_size(TUNER_VL * 4)));
-template <int R, int CB>
-static inline void mm_tile(const float* const* a, const int sa, const float* __restrict__ b,
-                           const int sb, const int kn, float* __restrict__ m, const int ldm,
-                           const int c0) {
-  // R rows x CB vectors of columns kept in registers over the whole k loop: every vector of
-  // b loaded feeds R fused multiply-adds (GCC vector extensions: the ISA of -march=native)
-  tuner_vf acc[R][CB];
-#pragma GCC unroll 8
-  for (int q = 0; q < R; ++q)
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) acc[q][j] = tuner_vf{};
-  for (int k = 0; k < kn; ++k) {
-    const float* bk = b + k * sb + c0;
-    tuner_vf bv[CB];
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) memcpy(&bv[j], bk + j * TUNER_VL, sizeof(tuner_vf));
-#pragma GCC unroll 8
-    for (int q = 0; q < R; ++q) {
-      const float s = a[q][k * sa];
-#pragma GCC unroll 8
-      for (int j = 0; j < CB; ++j) acc[q][j] += s * bv[j];
-    }
-  }
-#pragma GCC unroll 8
-  for (int q = 0; q < R; ++q)
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) memcpy(m + q * ldm + c0 + j * TUNER_VL, &acc[q][j], sizeof(tuner_vf));
-}
-template <int R>
-static inline void mm_rows(const float* const* a, const int sa, const float* __restrict__ b,
-                           const int sb, const int kn, const int n, float* __restrict__ m) {
-  // m[q * n + c] = sum_k a[q][k * sa] * b[k * sb + c] for q < R, c < n
-  int c = 0;
-  for (; c + TUNER_CB * TUNER_VL <= n; c += TUNER_CB * TUNER_VL) mm_tile<R, TUNER_CB>(a, sa, b, sb, kn, m, n, c);
-  for (; c + TUNER_VL <= n; c += TUNER_VL) mm_tile<R, 1>(a, sa, b, sb, kn, m, n, c);
-  for (; c < n; ++c)
-    for (int q = 0; q < R; ++q) {
-      float s = 0.0f;
-      for (int k = 0; k < kn; ++k) s += a[q][k * sa] * b[k * sb + c];
-      m[q * n + c] = s;
-    }
-}"""
 MATMUL_TILE_ROWS = (4, 3, 2)  # rows per register tile, largest dividing the row count first
+STREAM_ROW_MIN, STREAM_ROW_MAX = 16, 16384  # columns of a row streamed via a buffer
+TREE_SUM_MAX_COLS = 256  # wider rows: the in-order lane sum is a small share of the row
 PARALLEL_MIN_WORK = 1 << 18  # below this, forking threads costs more than it saves
 CUDA_TYPES = {"float16": ("half", "__half2float", "__float2half"),
               "bfloat16": ("__nv_bfloat16", "__bfloat162float", "__float2bfloat16")}
@@ -197,10 +122,12 @@ class CppDialect(CStyle):
 
     name = "cpp"
     matmul_by_rows = True
+    _streaming = _streamed = False  # this kernel streams output rows; this work item did
 
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
+        stream = [STREAM_ROW] if any(_streams(k, p) for p in plans for k in p.kernels) else []
         return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F,
-                MATMUL_TILE, *super().prelude(plans)]
+                MATMUL_TILE, *stream, *super().prelude(plans)]
 
     def threads(self, k: Kernel) -> int:
         return 1
@@ -222,7 +149,33 @@ class CppDialect(CStyle):
         return (["  free(smem);"] if k.smem_bytes else []) + ["}", "}"]
 
     def work_loop(self, k: Kernel) -> list[str]:
+        self._streaming, self._streamed = _streams(k, self._plan), False
         return ["#pragma omp for schedule(static)", f"for (int w = 0; w < {k.items}; ++w) {{"]
+
+    def work_loop_close(self, k: Kernel) -> list[str]:
+        return ["  stream_fence();", "}"] if self._streamed else ["}"]
+
+    def _row_body(self, lp: Loop, lanes: int, split: int, width: int,
+                  guards: list[str]) -> list[str]:
+        self._row_streams: list[tuple[str, str]] = []
+        self._stream_width = width if self._streaming and lanes == 1 and split == 1 and \
+            STREAM_ROW_MIN <= width <= STREAM_ROW_MAX else 0
+        return super()._row_body(lp, lanes, split, width, guards)
+
+    def _store(self, st: Store, coords: list[str], guards: list[str]) -> list[str]:
+        """An output row written once, column by column, goes to a row buffer that
+        ``col_loop`` then copies out with non-temporal stores (``_streams``)."""
+        a = st.access
+        if not self._stream_width or st.accumulate or st.guard or guards or a.col != 1 or \
+                a.col_index or a.chunked or \
+                self.buffer(self._k, self._plan, self._view_buffer(a.view)).role != "output":
+            return super()._store(st, coords, guards)
+        start = f"{a.view} + {self._index(replace(a, col=0), coords)}"
+        names = [s for s, _ in self._row_streams]
+        if start not in names:
+            self._row_streams.append((start, f"o_row{len(names)}"))
+        buf = dict(self._row_streams)[start]
+        return [f"{buf}[c] = {st.var};  // to {a.view}, streamed after the row"]
 
     def matmul_tile_rows(self, lp: Loop, lanes: int, width: int) -> int:
         """Tile when every matmul reads B with unit column stride and the same B rows for
@@ -293,6 +246,36 @@ class CppDialect(CStyle):
     def grid_sync(self, k: Kernel) -> list[str]:
         return ["// grid barrier: the implicit barrier at the end of the omp for above"]
 
+    def col_loop(self, lp: Loop, body: list[str], sums: list[tuple[str, str, str]],
+                 cols: tuple[str, str, str], width: int) -> list[str]:
+        """Sums over a short row as one vector of lane partials combined by halves: GCC ends
+        an `omp simd` reduction by adding its lanes in order, 16 dependent adds per row with
+        AVX-512, which for rows of 32 cost as much as the row's exps."""
+        rows = getattr(self, "_row_streams", [])
+        out = self._col_loop(lp, body, sums, cols, width)
+        if rows:
+            self._streamed = True
+            out = [f"alignas(64) float {buf}[{width}];" for _, buf in rows] + out + \
+                [f"stream_row({start}, {buf}, {width});" for start, buf in rows]
+        return out
+
+    def _col_loop(self, lp: Loop, body: list[str], sums: list[tuple[str, str, str]],
+                  cols: tuple[str, str, str], width: int) -> list[str]:
+        start, end, step = cols
+        if not sums or start != "0" or step != "++c" or width > TREE_SUM_MAX_COLS:
+            return super().col_loop(lp, body, sums, cols, width)
+        parts = [(f"p_{a}", v, note) for a, v, note in sums]
+        halve = " ".join(f"{p}[l] += {p}[l + h];" for p, _, _ in parts)
+        out = [f"alignas(64) float {p}[TUNER_VL] = {{}};" for p, _, _ in parts]
+        out += ["int cv = 0;", f"for (; cv + TUNER_VL <= {end}; cv += TUNER_VL) {{",
+                "  #pragma omp simd", "  for (int l = 0; l < TUNER_VL; ++l) {",
+                "    const int c = cv + l;", *_indent(body + _sum_lines(parts, "[l]"), "    "),
+                "  }", "}", "for (int h = TUNER_VL / 2; h > 0; h >>= 1)  // vector halves",
+                f"  for (int l = 0; l < h; ++l) {{ {halve} }}",
+                *[f"{a} += {p}[0];" for (a, _, _), (p, _, _) in zip(sums, parts, strict=True)],
+                f"for (int c = cv; c < {end}; ++c) {{", *_indent(body + _sum_lines(sums)), "}"]
+        return ["{", *_indent(out), "}"]
+
     def col_pragma(self, lp: Loop | None, accs: list[str]) -> list[str]:
         return ["#pragma omp simd" + (f" reduction(+:{', '.join(accs)})" if accs else "")]
 
@@ -309,6 +292,17 @@ class CppDialect(CStyle):
                     f"[{plan.globals[p].io_index}]" for p in k.params] + ["ws"]
             lines.append(f"  {k.name}({', '.join(args)});")
         return lines + ["}"]
+
+
+def _streams(k: Kernel, plan: KernelPlan) -> bool:
+    """Whether ``k`` writes its output rows with non-temporal stores: when its inputs and
+    outputs together exceed half the last-level cache, so the output would only evict what
+    is still to be read.  softmax_rows (750000, 32), 192 MB: 17.9 -> 17.0 ms; below that the
+    output stays in cache for the next reader and streaming lost (4096 x 1024: 1.48 -> 1.92)."""
+    size = sum(math.prod(plan.globals[p].shape) * 4 for p in k.params
+               if plan.globals[p].role in ("input", "output"))
+    return any(plan.globals[p].role == "output" for p in k.params) and \
+        size >= _cache_bytes(3, 32 << 20) // 2
 
 
 def _has_matmul(lp: Loop) -> bool:

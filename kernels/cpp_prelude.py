@@ -1,0 +1,118 @@
+"""C++ text the cpp dialect puts before its kernels: the vectorisable exp, the register-tiled
+matmul rows and the non-temporal row copy (``render.CppDialect.prelude``).
+
+Kept apart from the printer because it is C++, not Python logic; every function is
+``static inline`` so a kernel that does not call one pays nothing for it.
+"""
+
+EXP_F = """static inline float exp_f(float x) {
+  // e^x = 2^n * e^r with n = round(x / ln2), |r| <= ln2/2 and e^r a degree-5 polynomial
+  // (within 3 ulp). No libm call and no float-to-int conversion, so `omp simd` loops
+  // vectorise it without -ffast-math: adding 1.5 * 2^23 rounds x*log2(e) to n, which then
+  // sits in the low mantissa bits. x is clamped to [-87.5, 89] on its bit pattern (integer
+  // min/max: a float ternary made GCC duplicate the tail per case with masks), so results
+  // below ~1.7e-38 are 0, above FLT_MAX inf, and NaN is passed through.
+  unsigned u;
+  memcpy(&u, &x, 4);
+  u = (int)u > 0x42B20000 ? 0x42B20000u : u;  // x > 89 -> 89
+  u = u > 0xC2AF0000u ? 0xC2AF0000u : u;      // x < -87.5 -> -87.5
+  float y;
+  memcpy(&y, &u, 4);
+  const float t = y * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
+  int k;
+  memcpy(&k, &t, 4);
+  float r = y - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  // 2 e^r (minimax for relative error), times 2^(n-1): n = 128 still has an exponent field
+  float p = 1.6625050455331802e-2f;
+  p = p * r + 8.3780229091644287e-2f;
+  p = p * r + 3.3334228396415710e-1f;
+  p = p * r + 9.9998462200164795e-1f;
+  p = p * r + 2.0f;
+  p = p * r + 2.0f;
+  const int e = (k - 0x4B400000 + 126) << 23;
+  float s;
+  memcpy(&s, &e, 4);
+  return x != x ? x : p * s;
+}"""
+MATMUL_TILE = """#if defined(__AVX512F__)
+#define TUNER_VL 16
+#define TUNER_CB 4
+#elif defined(__AVX__)
+#define TUNER_VL 8
+#define TUNER_CB 2
+#else
+#define TUNER_VL 4
+#define TUNER_CB 2
+#endif
+typedef float tuner_vf __attribute__((vector_size(TUNER_VL * 4)));
+template <int R, int CB>
+static inline void mm_tile(const float* const* a, const int sa, const float* __restrict__ b,
+                           const int sb, const int kn, float* __restrict__ m, const int ldm,
+                           const int c0) {
+  // R rows x CB vectors of columns kept in registers over the whole k loop: every vector of
+  // b loaded feeds R fused multiply-adds (GCC vector extensions: the ISA of -march=native)
+  tuner_vf acc[R][CB];
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < CB; ++j) acc[q][j] = tuner_vf{};
+  for (int k = 0; k < kn; ++k) {
+    const float* bk = b + k * sb + c0;
+    tuner_vf bv[CB];
+#pragma GCC unroll 8
+    for (int j = 0; j < CB; ++j) memcpy(&bv[j], bk + j * TUNER_VL, sizeof(tuner_vf));
+#pragma GCC unroll 8
+    for (int q = 0; q < R; ++q) {
+      const float s = a[q][k * sa];
+#pragma GCC unroll 8
+      for (int j = 0; j < CB; ++j) acc[q][j] += s * bv[j];
+    }
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < CB; ++j) memcpy(m + q * ldm + c0 + j * TUNER_VL, &acc[q][j], sizeof(tuner_vf));
+}
+template <int R>
+static inline void mm_rows(const float* const* a, const int sa, const float* __restrict__ b,
+                           const int sb, const int kn, const int n, float* __restrict__ m) {
+  // m[q * n + c] = sum_k a[q][k * sa] * b[k * sb + c] for q < R, c < n
+  int c = 0;
+  for (; c + TUNER_CB * TUNER_VL <= n; c += TUNER_CB * TUNER_VL) mm_tile<R, TUNER_CB>(a, sa, b, sb, kn, m, n, c);
+  for (; c + TUNER_VL <= n; c += TUNER_VL) mm_tile<R, 1>(a, sa, b, sb, kn, m, n, c);
+  for (; c < n; ++c)
+    for (int q = 0; q < R; ++q) {
+      float s = 0.0f;
+      for (int k = 0; k < kn; ++k) s += a[q][k * sa] * b[k * sb + c];
+      m[q * n + c] = s;
+    }
+}"""
+STREAM_ROW = """#include <stdint.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+static inline void stream_row(float* __restrict__ dst, const float* __restrict__ src, const int n) {
+  // copy a row written once into its output with non-temporal stores: no read for ownership
+  // of the output lines and no eviction of the inputs; the unaligned head and the tail are
+  // ordinary stores
+  int i = 0;
+#if defined(__SSE2__)
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 63); ++i) dst[i] = src[i];
+#endif
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#elif defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+#elif defined(__SSE2__)
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = src[i];
+}
+static inline void stream_fence() {
+  // non-temporal stores are weakly ordered: fence them before other threads may read
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}"""

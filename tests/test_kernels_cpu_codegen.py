@@ -1,0 +1,90 @@
+"""The C++ dialect's CPU-only code paths: the polynomial exp, lane-partial sums of short rows
+and output rows streamed with non-temporal stores, each checked against numpy / the float
+reference (outputs are NaN-filled, so a column the streamed copy skipped is caught)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import kernels.render as render_mod
+from kernels.build import build_cpu
+from kernels.compile import compile_cpp
+from kernels.cpp_prelude import EXP_F
+from kernels.isolate import IsolatedWorker
+from search.handwritten import handwritten
+from search.suite import load_program
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with IsolatedWorker() as w:
+        yield w
+
+
+def softmax(rows: int, cols: int):
+    return handwritten(load_program("softmax_rows", {"X": f"{rows}x{cols}"}))
+
+
+@pytest.fixture(scope="module")
+def exp_f():
+    """exp_f over an array, compiled with the kernels' flags inside an `omp simd` loop (the
+    vectorised code is what kernels run)."""
+    src = "\n".join(["#include <string.h>", EXP_F,
+                     'extern "C" void exp_all(const float* x, float* y, int n) {',
+                     "#pragma omp simd", "  for (int i = 0; i < n; ++i) y[i] = exp_f(x[i]);",
+                     "}"])
+    lib = ctypes.CDLL(str(compile_cpp(src)))
+    fptr = ctypes.POINTER(ctypes.c_float)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, np.float32)
+        y = np.empty_like(x)
+        lib.exp_all(x.ctypes.data_as(fptr), y.ctypes.data_as(fptr), x.size)
+        return y
+
+    return run
+
+
+def test_exp_f_is_within_a_few_ulp_and_handles_the_ends(exp_f):
+    x = np.linspace(-86.9, 88.7, 2_000_003, dtype=np.float32)
+    ref = np.exp(x.astype(np.float64))
+    rel = np.abs(exp_f(x) - ref) / ref
+    assert rel.max() < 4e-7  # ~3 ulp; the kernels' float32 tolerance is rtol 1e-4
+    ends = np.array([np.nan, np.inf, -np.inf, 89.0, 88.8, 100.0, 1e30, -88.0, -100.0, -1e30,
+                     0.0, -0.0], np.float32)
+    y = exp_f(ends)
+    assert np.isnan(y[0]) and np.all(np.isinf(y[1:2])) and y[2] == 0.0
+    assert np.all(np.isposinf(y[3:7]))  # e^x above FLT_MAX
+    assert np.all(y[7:10] < 2e-38) and np.all(y[7:10] >= 0.0)  # below e^-87: 0, never garbage
+    assert y[10] == 1.0 and y[11] == 1.0
+
+
+@pytest.mark.parametrize("cols", [32, 40, 200])
+def test_short_rows_sum_lane_partials_and_match(cols, worker):
+    res = build_cpu(softmax(64, cols), name="softmax_rows", worker=worker)
+    assert res.status == "ok", res.message
+    assert "p_s_v_t2[l] += v_t1;" in res.source  # lane partials, tail loop for 40 and 200
+    wide = build_cpu(softmax(8, 1024), name="softmax_rows", worker=worker)
+    assert wide.status == "ok", wide.message
+    assert "p_s_" not in wide.source and "reduction(+:s_v_t2)" in wide.source
+
+
+@pytest.mark.parametrize("rows, cols", [(64, 32), (48, 40), (8, 1000), (4, 20000)])
+def test_streamed_output_rows_match_whatever_their_alignment(rows, cols, worker, monkeypatch):
+    """Rows of 40 or 1000 floats start off 64-byte lines, so the head and tail of the
+    streamed copy are ordinary stores; 20000 exceeds the row buffer limit (no streaming)."""
+    monkeypatch.setattr(render_mod, "_cache_bytes", lambda level, default: 0)
+    res = build_cpu(softmax(rows, cols), name="softmax_rows", worker=worker)
+    assert res.status == "ok", res.message
+    streamed = cols <= render_mod.STREAM_ROW_MAX
+    assert ("stream_row(out_" in res.source) == streamed
+    assert ("stream_fence();" in res.source) == streamed
+
+
+def test_small_kernels_do_not_stream(worker):
+    res = build_cpu(softmax(64, 256), name="softmax_rows", worker=worker)
+    assert res.status == "ok", res.message
+    assert "stream_row" not in res.source
