@@ -3,8 +3,8 @@
 from .ranking import describe, rank
 from .runtime import LocalExecutor, RayExecutor, make_executor, start_ray, stop_ray
 from .search import SearchResult, ShardResult, search_program, verify_structure
-from .slots import MeasureSlot, SlotPool
+from .slots import MeasureSlot, ReplayPool, SlotPool
 
-__all__ = ["LocalExecutor", "MeasureSlot", "RayExecutor", "SearchResult", "ShardResult",
+__all__ = ["LocalExecutor", "MeasureSlot", "RayExecutor", "ReplayPool", "SearchResult", "ShardResult",
            "SlotPool", "describe", "make_executor", "rank", "search_program", "start_ray",
            "stop_ray", "verify_structure"]

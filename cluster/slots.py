@@ -149,3 +149,41 @@ class SlotPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ReplayPool:
+    """A pool that answers trials from timings recorded earlier (Kernel Tuner's simulation
+    mode): the same study driver runs against it, no kernel is built, so search strategies
+    can be compared on one fixed table of real measurements.
+
+    ``table`` maps ``db.config_hash``-style keys (from ``key_of(config)``) to trial results
+    (the dicts ``kernels.trial.run_trial`` returns); a config missing from it is 'invalid'.
+    """
+
+    def __init__(self, table: dict[str, dict], key_of: Any, device_key: str, spec: Any,
+                 baseline_s: float | None = None) -> None:
+        self.table, self.key_of = table, key_of
+        self.key, self.spec, self.baseline_s = device_key, spec, baseline_s
+        self._pending: deque = deque()
+
+    @property
+    def idle(self) -> int:
+        return 0 if self._pending else 1
+
+    def submit(self, method: str, request: dict) -> None:
+        self._pending.append((method, request))
+
+    def next_done(self) -> dict | None:
+        if not self._pending:
+            return None
+        method, request = self._pending.popleft()
+        if method == "baseline":
+            return {"tag": request.get("tag"), "baseline_s": self.baseline_s}
+        found = self.table.get(self.key_of(request["config"]))
+        if found is None:
+            return {"tag": request.get("tag"), "status": "invalid", "config": request["config"],
+                    "message": "not in the replayed table", "source": None}
+        return {**found, "tag": request.get("tag")}
+
+    def close(self) -> None:
+        self._pending.clear()
