@@ -89,6 +89,31 @@ static inline void mm_rows(const float* const* a, const int sa, const float* __r
       m[q * n + c] = s;
     }
 }"""
+LANE_SUM = """typedef float tuner_v8 __attribute__((vector_size(32)));
+typedef float tuner_v4 __attribute__((vector_size(16)));
+static inline float lane_sum(const float* p) {
+  // the TUNER_VL lane partials of a row sum, added by vector halves: a loop over the halves
+  // or an unrolled scalar tree both came out as ~30 shuffles and adds per row in GCC 12
+#if TUNER_VL >= 16
+  tuner_v8 a, b;
+  memcpy(&a, p, 32);
+  memcpy(&b, p + 8, 32);
+  a += b;
+#elif TUNER_VL >= 8
+  tuner_v8 a;
+  memcpy(&a, p, 32);
+#endif
+#if TUNER_VL >= 8
+  tuner_v4 c, d;
+  memcpy(&c, &a, 16);
+  memcpy(&d, reinterpret_cast<const float*>(&a) + 4, 16);
+  c += d;
+#else
+  tuner_v4 c;
+  memcpy(&c, p, 16);
+#endif
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}"""
 STREAM_ROW = """#include <stdint.h>
 #if defined(__SSE2__)
 #include <immintrin.h>

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .cpp_prelude import EXP_F, MATMUL_TILE, STREAM_ROW
+from .cpp_prelude import EXP_F, LANE_SUM, MATMUL_TILE, STREAM_ROW
 from .cstyle import CStyle, _indent, _sum_lines
 from .devices import _cache_bytes
 from .plan import Access, Kernel, KernelPlan, Let, Loop, Store
@@ -127,7 +127,7 @@ class CppDialect(CStyle):
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
         stream = [STREAM_ROW] if any(_streams(k, p) for p in plans for k in p.kernels) else []
         return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F,
-                MATMUL_TILE, *stream, *super().prelude(plans)]
+                MATMUL_TILE, LANE_SUM, *stream, *super().prelude(plans)]
 
     def threads(self, k: Kernel) -> int:
         return 1
@@ -248,9 +248,9 @@ class CppDialect(CStyle):
 
     def col_loop(self, lp: Loop, body: list[str], sums: list[tuple[str, str, str]],
                  cols: tuple[str, str, str], width: int) -> list[str]:
-        """Sums over a short row as one vector of lane partials combined by halves: GCC ends
-        an `omp simd` reduction by adding its lanes in order, 16 dependent adds per row with
-        AVX-512, which for rows of 32 cost as much as the row's exps."""
+        """Sums over a short row as one vector of lane partials combined by halves
+        (``lane_sum``): GCC ends an `omp simd` reduction by adding its lanes in order, 16
+        dependent adds per row with AVX-512, which for rows of 32 cost as much as the exps."""
         rows = getattr(self, "_row_streams", [])
         out = self._col_loop(lp, body, sums, cols, width)
         if rows:
@@ -265,14 +265,12 @@ class CppDialect(CStyle):
         if not sums or start != "0" or step != "++c" or width > TREE_SUM_MAX_COLS:
             return super().col_loop(lp, body, sums, cols, width)
         parts = [(f"p_{a}", v, note) for a, v, note in sums]
-        halve = " ".join(f"{p}[l] += {p}[l + h];" for p, _, _ in parts)
         out = [f"alignas(64) float {p}[TUNER_VL] = {{}};" for p, _, _ in parts]
         out += ["int cv = 0;", f"for (; cv + TUNER_VL <= {end}; cv += TUNER_VL) {{",
                 "  #pragma omp simd", "  for (int l = 0; l < TUNER_VL; ++l) {",
                 "    const int c = cv + l;", *_indent(body + _sum_lines(parts, "[l]"), "    "),
-                "  }", "}", "for (int h = TUNER_VL / 2; h > 0; h >>= 1)  // vector halves",
-                f"  for (int l = 0; l < h; ++l) {{ {halve} }}",
-                *[f"{a} += {p}[0];" for (a, _, _), (p, _, _) in zip(sums, parts, strict=True)],
+                "  }", "}",
+                *[f"{a} += lane_sum({p});" for (a, _, _), (p, _, _) in zip(sums, parts, strict=True)],
                 f"for (int c = cv; c < {end}; ++c) {{", *_indent(body + _sum_lines(sums)), "}"]
         return ["{", *_indent(out), "}"]
 
