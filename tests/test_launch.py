@@ -234,3 +234,20 @@ def test_malformed_jobs_exit_2_and_leave_the_database_unchanged(
         assert len(err.strip().splitlines()) == 1, err
         assert fragment in err, (fragment, err)
         assert _db_files(path) == before, f"case {i} changed the database"
+
+
+def test_db_upgrade_creates_then_reports_head(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    from tuner import cli
+
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    assert cli.main(["db", "upgrade", "--db", url]) == 0
+    first = capsys.readouterr().out
+    assert "empty ->" in first and db.head_revision() in first
+    assert db.current_revision(url) == db.head_revision()
+    assert cli.main(["db", "upgrade", "--db", url]) == 0
+    assert "already at revision" in capsys.readouterr().out
+    # tuner best on the empty database: a clear answer, exit 2, the command to run
+    assert cli.main(["best", "softmax_rows", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert "no tuned kernel for softmax_rows" in err and "tuner launch" in err
