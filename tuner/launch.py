@@ -151,6 +151,7 @@ class Launch:
         self.address = address or job.cluster.address
         self.log = log or (lambda _msg: None)
         self.progress = progress
+        self.tune_deadline: float | None = None  # set when the first study starts
 
     def run(self) -> LaunchResult:
         start = time.perf_counter()
@@ -293,12 +294,11 @@ class Launch:
         return pool.next_done().get("baseline_s")
 
     def _deadline(self) -> float | None:
+        """The tuning budget is for the whole job: its clock starts at the first study."""
         budget = self.job.tuning.time_budget_s
-        if budget is None:
-            return None
-        if not hasattr(self, "_tune_deadline"):
-            self._tune_deadline = time.time() + budget
-        return self._tune_deadline
+        if budget is not None and self.tune_deadline is None:
+            self.tune_deadline = time.time() + budget
+        return self.tune_deadline
 
     @staticmethod
     def _merge(rep: ProgramReport, outcome: StudyOutcome) -> None:

@@ -109,7 +109,7 @@ class StudyRunner:
             if status == "ok" and (out.best_s is None or median < out.best_s):
                 out.best_s = median
         out.measured = len(known)
-        if study.user_attrs.get("finished"):
+        if study.user_attrs.get("finished_for_trials", 0) >= self.trials:
             return out  # an earlier run completed this study: nothing to ask
         space_size = task.space.size
         inflight: dict[int, tuple[Any, dict, str]] = {}
@@ -129,7 +129,7 @@ class StudyRunner:
             trial, config, chash = inflight.pop(number)
             self._store(task, trial, config, res, known, out, study, optuna)
         if not self.past_deadline():
-            study.set_user_attr("finished", True)
+            study.set_user_attr("finished_for_trials", self.trials)  # more trials reopen it
         return out
 
     # -- one proposal ---------------------------------------------------------------------
