@@ -183,7 +183,8 @@ class Launch:
         pools = {}
         try:
             for device in self.job.devices:
-                pools[device] = SlotPool("cpu" if device == "cpu" else "cuda", 1, use_ray=True)
+                pools[device] = SlotPool("cpu" if device == "cpu" else "cuda",
+                                         _slots(device), use_ray=True)
             storage = _storage(self.url)
             reports = []
             for entry in self.job.programs:
@@ -319,6 +320,17 @@ class Launch:
             if self.progress is not None:
                 self.progress.trial(name, task, res)
         return report
+
+
+def _slots(device: str) -> int:
+    """Measurement slots for a device entry: one per GPU of the Ray cluster for ``cuda``,
+    one for ``cuda:N`` (Ray picks the GPU) and one for ``cpu`` (a cpu kernel uses every core
+    of its node, so two slots there would time each other)."""
+    if device != "cuda":
+        return 1
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("GPU", 1)))
 
 
 def _shard_key(prefix: str, shard_id: str) -> str:
