@@ -50,9 +50,11 @@ typedef float tuner_vf __attribute__((vector_size(TUNER_VL * 4)));
 template <int R, int CB>
 static inline void mm_tile(const float* const* a, const int sa, const float* __restrict__ b,
                            const int sb, const int kn, float* __restrict__ m, const int ldm,
-                           const int c0) {
+                           const int c0, const long pf) {
   // R rows x CB vectors of columns kept in registers over the whole k loop: every vector of
-  // b loaded feeds R fused multiply-adds (GCC vector extensions: the ISA of -march=native)
+  // b loaded feeds R fused multiply-adds (GCC vector extensions: the ISA of -march=native).
+  // pf != 0: b + pf is the same tile of the next for-loop iteration, fetched into L2 now;
+  // the hardware prefetchers do not follow a walk down rows thousands of floats apart
   tuner_vf acc[R][CB];
 #pragma GCC unroll 8
   for (int q = 0; q < R; ++q)
@@ -60,6 +62,9 @@ static inline void mm_tile(const float* const* a, const int sa, const float* __r
     for (int j = 0; j < CB; ++j) acc[q][j] = tuner_vf{};
   for (int k = 0; k < kn; ++k) {
     const float* bk = b + k * sb + c0;
+    if (pf)
+#pragma GCC unroll 8
+      for (int j = 0; j < CB; ++j) __builtin_prefetch(bk + pf + j * TUNER_VL, 0, 1);
     tuner_vf bv[CB];
 #pragma GCC unroll 8
     for (int j = 0; j < CB; ++j) memcpy(&bv[j], bk + j * TUNER_VL, sizeof(tuner_vf));
@@ -77,11 +82,12 @@ static inline void mm_tile(const float* const* a, const int sa, const float* __r
 }
 template <int R>
 static inline void mm_rows(const float* const* a, const int sa, const float* __restrict__ b,
-                           const int sb, const int kn, const int n, float* __restrict__ m) {
+                           const int sb, const int kn, const int n, float* __restrict__ m,
+                           const long pf) {
   // m[q * n + c] = sum_k a[q][k * sa] * b[k * sb + c] for q < R, c < n
   int c = 0;
-  for (; c + TUNER_CB * TUNER_VL <= n; c += TUNER_CB * TUNER_VL) mm_tile<R, TUNER_CB>(a, sa, b, sb, kn, m, n, c);
-  for (; c + TUNER_VL <= n; c += TUNER_VL) mm_tile<R, 1>(a, sa, b, sb, kn, m, n, c);
+  for (; c + TUNER_CB * TUNER_VL <= n; c += TUNER_CB * TUNER_VL) mm_tile<R, TUNER_CB>(a, sa, b, sb, kn, m, n, c, pf);
+  for (; c + TUNER_VL <= n; c += TUNER_VL) mm_tile<R, 1>(a, sa, b, sb, kn, m, n, c, pf);
   for (; c < n; ++c)
     for (int q = 0; q < R; ++q) {
       float s = 0.0f;

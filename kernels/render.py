@@ -206,8 +206,16 @@ class CppDialect(CStyle):
                     f"    a_rows[r - r0] = {a.view} + {self._index(a, coords)};", "  }",
                     "  const int r = r0;", *_indent(self.coord_lines(lp)),
                     f"  mm_rows<{rows}>(a_rows, {a.red}, {b.view} + {self._index(b, coords)}, "
-                    f"{b.red}, {st.attrs['k']}, {width}, {arr});", "}"]
+                    f"{b.red}, {st.attrs['k']}, {width}, {arr}, {self._next_iter(lp, b.view)});",
+                    "}"]
         return out
+
+    def _next_iter(self, lp: Loop, view: str) -> int:
+        """Floats from ``view`` to where it points in the next for-loop iteration (0: none;
+        the last iteration's prefetch past the end is harmless, prefetches do not fault).
+        gated_mlp (W 4096 x 4096, 64 x 512 tiles a step): 16.2 -> 11.0 ms, one thread."""
+        v = next(v for v in self._k.views if v.name == view)
+        return v.iter if lp.stage == "body" and self._k.forloop > 1 else 0
 
     def row_groups(self, loops: list[Loop]) -> list[list[Loop]]:
         """Join consecutive loops over the same rows when each row of a later loop reads only
