@@ -51,6 +51,7 @@ GRID_BARRIER = """__device__ void grid_barrier(unsigned int* bar, unsigned int b
 }"""
 MATMUL_TILE_ROWS = (4, 3, 2)  # rows per register tile, largest dividing the row count first
 STREAM_ROW_MIN, STREAM_ROW_MAX = 16, 16384  # columns of a row streamed via a buffer
+PREFETCH_MIN_L2S = 8  # B sizes (in L2 caches) whose next for-loop tile is prefetched
 TREE_SUM_MAX_COLS = 256  # wider rows: the in-order lane sum is a small share of the row
 PARALLEL_MIN_WORK = 1 << 18  # below this, forking threads costs more than it saves
 CUDA_TYPES = {"float16": ("half", "__half2float", "__float2half"),
@@ -210,12 +211,19 @@ class CppDialect(CStyle):
                     "}"]
         return out
 
-    def _next_iter(self, lp: Loop, view: str) -> int:
-        """Floats from ``view`` to where it points in the next for-loop iteration (0: none;
-        the last iteration's prefetch past the end is harmless, prefetches do not fault).
-        gated_mlp (W 4096 x 4096, 64 x 512 tiles a step): 16.2 -> 11.0 ms, one thread."""
+    def _next_iter(self, lp: Loop, view: str) -> str:
+        """Where ``view`` points in the next for-loop iteration, in floats, for the first row
+        tile to prefetch (0: none; the last iteration's prefetch past the end is harmless,
+        prefetches do not fault).  Only when that is a page or more away (the L2 streamer
+        stays within a 4 KB page) and for a B of at least PREFETCH_MIN_L2S L2 caches, which
+        streams from memory: gated_mlp (2 x 64 MB) 16.2 -> 11.0 ms one thread, but lora's
+        4 MB W, served from L3 anyway, went 0.40 -> 0.51-0.66 ms with the prefetches."""
         v = next(v for v in self._k.views if v.name == view)
-        return v.iter if lp.stage == "body" and self._k.forloop > 1 else 0
+        b = self.buffer(self._k, self._plan, v.buffer)
+        if lp.stage != "body" or self._k.forloop < 2 or v.iter * 4 < 4096 or \
+                math.prod(b.shape) * 4 < PREFETCH_MIN_L2S * _cache_bytes(2, 1 << 20):
+            return "0"
+        return f"r0 == 0 ? {v.iter} : 0"
 
     def row_groups(self, loops: list[Loop]) -> list[list[Loop]]:
         """Join consecutive loops over the same rows when each row of a later loop reads only
