@@ -12,7 +12,7 @@
    measurements (filled as in benchmarks/db_lookup.py) plus the real best kernel of one
    program; p50 / p99 over many lookups (target p99 <= 2 ms).
 
-    python benchmarks/tuning.py [--programs ...] [--seeds 5] [--measurements 100000] [--json]
+    python benchmarks/tuning.py [--programs ...] [--seeds 5] [--tables DIR] [--json]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from search.handwritten import handwritten  # noqa: E402
 from search.serialize import to_obj  # noqa: E402
 from search.suite import EXTRA, SUITE, load_program  # noqa: E402
 from tuner.cached import program_key  # noqa: E402
+from tuner.jobfile import TuningSpec  # noqa: E402
 from tuner.tune import StudyRunner, StudyTask, study_name  # noqa: E402
 
 # CPU-friendly shapes: each kernel runs in well under 10 ms here, so a space of a few
@@ -91,9 +92,9 @@ def replay(structure, reference, space, table, sampler: str, seed: int, key) -> 
         shash = "replayed"
         sid = database.record_structure(pid, shash, {}, {"verdict": "replay"}, 1)
         pool = ReplayPool(table, db.config_hash, "cpu:replay", spec)
-        samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+        tuning = TuningSpec(sampler=sampler, seed=seed)  # the sampler a job file would get
         runner = StudyRunner(database, optuna.storages.InMemoryStorage(),
-                             lambda: samplers[sampler](seed=seed), pool,
+                             tuning.make_sampler, pool,
                              trials=len(table), seed=seed,
                              on_trial=lambda _t, res: order.append(
                                  res["median_s"] if res["status"] == "ok" else float("inf")))
@@ -113,14 +114,24 @@ def trials_to_within(order: list[float], best: float) -> int | None:
     return None
 
 
-def bench_program(name: str, seeds: int, log) -> dict:
+def bench_program(name: str, seeds: int, log, tables: Path | None = None) -> dict:
     program = load_program(name, SHAPES.get(name) or None)
     reference, structure = program.build(), handwritten(program)
     key = program_key(program, reference)
     space = config_space(structure, "cpu")
     configs = list(space.configs())
     t0 = time.perf_counter()
-    table = exhaustive(structure, reference, configs, log)
+    saved = tables / f"{name}.json" if tables else None
+    if saved and saved.exists():  # replay a table measured earlier (same space)
+        table = json.loads(saved.read_text())
+        if set(table) != {db.config_hash(c) for c in configs}:
+            raise SystemExit(f"{saved}: its configs differ from {name}'s space; delete it")
+        log(f"  replaying {saved}")
+    else:
+        table = exhaustive(structure, reference, configs, log)
+        if saved:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(table))
     ok = {h: r for h, r in table.items() if r["status"] == "ok"}
     best = min(r["median_s"] for r in ok.values())
     default = table[db.config_hash(space.default)]
@@ -182,6 +193,8 @@ def main() -> int:
     ap.add_argument("--measurements", type=int, default=100_000)
     ap.add_argument("--lookups", type=int, default=5000)
     ap.add_argument("--skip-lookup", action="store_true")
+    ap.add_argument("--tables", type=Path, metavar="DIR",
+                    help="save each program's exhaustive table here, or replay it if present")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -191,7 +204,7 @@ def main() -> int:
     rows = []
     for name in args.programs:
         log(f"{name}: exhaustive measurement of its config space")
-        rows.append(bench_program(name, args.seeds, log))
+        rows.append(bench_program(name, args.seeds, log, args.tables))
         r = rows[-1]
         log(f"{name}: space {r['space']}, TPE {r['tpe_trials']} -> {r['tpe_fraction']:.0%}, "
             f"random {r['random_trials']} -> {r['random_fraction']:.0%}")

@@ -75,25 +75,52 @@ def study_name(program: str, program_hash: str, shapes_key: str, structure_hash:
             f"{structure_hash[:12]}:{device_key}")
 
 
+class Codec:
+    """Configs <-> Optuna params.  Ordinal (default): each parameter is the index into its
+    sorted choices, an integer Optuna's TPE models with kernels along the axis, so it learns
+    that g0=32 behaves like g0=16 and 64; categorical treats every choice as unrelated."""
+
+    def __init__(self, params: dict[str, tuple[int, ...]], ordinal: bool = True) -> None:
+        self.params, self.ordinal = params, ordinal
+
+    def distributions(self, optuna: Any) -> dict[str, Any]:
+        d = optuna.distributions
+        if self.ordinal:
+            return {n: d.IntDistribution(0, len(c) - 1) for n, c in self.params.items()}
+        return {n: d.CategoricalDistribution(list(c)) for n, c in self.params.items()}
+
+    def encode(self, config: dict[str, int]) -> dict[str, int]:
+        if not self.ordinal:
+            return {n: int(config[n]) for n in self.params}
+        return {n: self.params[n].index(int(config[n])) for n in self.params}
+
+    def decode(self, params: dict[str, Any]) -> dict[str, int]:
+        if not self.ordinal:
+            return {n: int(params[n]) for n in self.params}
+        return {n: int(self.params[n][int(params[n])]) for n in self.params}
+
+
 class StudyRunner:
     """Runs studies on one device's slot pool against one database."""
 
     def __init__(self, database: db.Database, storage: Any, make_sampler: Callable[[], Any],
                  pool: Any, *, trials: int, seed: int = 0, deadline: float | None = None,
                  timing: dict | None = None, timeout_s: float = 60.0,
-                 on_trial: Callable[[StudyTask, dict], None] | None = None) -> None:
+                 on_trial: Callable[[StudyTask, dict], None] | None = None,
+                 ordinal: bool = True) -> None:
         self.db, self.storage, self.make_sampler, self.pool = database, storage, make_sampler, pool
         self.trials, self.seed, self.deadline = trials, seed, deadline
         self.timing, self.timeout_s, self.on_trial = timing, timeout_s, on_trial
         self._estimates: dict[int, float] = {}
+        self.ordinal = ordinal
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
 
     def run(self, task: StudyTask, program_hash: str) -> StudyOutcome:
         optuna = _optuna()
-        dists = {name: optuna.distributions.CategoricalDistribution(list(choices))
-                 for name, choices in task.space.params.items()}
+        codec = Codec(task.space.params, self.ordinal)
+        dists = codec.distributions(optuna)
         study = optuna.create_study(study_name=task.study_name, storage=self.storage,
                                     sampler=self.make_sampler(), direction="minimize",
                                     load_if_exists=True)
@@ -101,9 +128,9 @@ class StudyRunner:
         study.set_user_attr("structure_hash", task.structure_hash)
         known = self._known(task, program_hash)
         out = StudyOutcome(task.study_name)
-        self._recover(study, known, optuna)
+        self._recover(study, known, optuna, codec)
         if not study.trials:
-            study.enqueue_trial(task.space.default)
+            study.enqueue_trial(codec.encode(task.space.default))
         for status, median in known.values():
             out.statuses[status] += 1
             if status == "ok" and (out.best_s is None or median < out.best_s):
@@ -120,7 +147,8 @@ class StudyRunner:
                    and asks < max_asks and not self.past_deadline()):
                 asks += 1
                 trial = study.ask(dists)
-                config = {k: int(v) for k, v in trial.params.items()}
+                config = codec.decode(trial.params)
+                trial.set_user_attr("config", config)
                 self._propose(task, study, trial, config, known, inflight, out, optuna)
             if not inflight:
                 break
@@ -224,11 +252,11 @@ class StudyRunner:
                 out[db.config_hash(h.config)] = (h.status, h.median_s)
         return out
 
-    def _recover(self, study: Any, known: dict, optuna: Any) -> None:
+    def _recover(self, study: Any, known: dict, optuna: Any, codec: Codec) -> None:
         """Close trials a killed launch left RUNNING (or WAITING with a measurement)."""
         for t in study.get_trials(deepcopy=False,
                                   states=(optuna.trial.TrialState.RUNNING,)):
-            chash = db.config_hash({k: int(v) for k, v in t.params.items()})
+            chash = db.config_hash(codec.decode(t.params))
             if chash in known:
                 status, median = known[chash]
                 if status == "ok":
@@ -237,4 +265,4 @@ class StudyRunner:
                     study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             else:  # asked, never stored: measure it again in this run
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-                study.enqueue_trial({k: int(v) for k, v in t.params.items()})
+                study.enqueue_trial(dict(t.params))
