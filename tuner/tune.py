@@ -8,7 +8,8 @@ with nothing stored is failed and its config enqueued again.  A config already m
 structure and device (a sampler proposing it twice, or a resumed study) is answered from the
 database and never measured twice, so no row is ever duplicated.
 
-The AStitch rule's config is enqueued as the first trial; after that, a config whose roofline
+The AStitch rule's config is enqueued as the first trial (then its one-parameter moves to the
+ends of each range, ``warm_start``); after that, a config whose roofline
 lower bound is slower than the best measured time cannot win and is skipped unmeasured.  The
 bound is calibrated by the lowest measured/roofline ratio seen in the study: on a CPU a small
 working set lives in cache and runs faster than the DRAM roofline, which would otherwise skip
@@ -75,6 +76,21 @@ def study_name(program: str, program_hash: str, shapes_key: str, structure_hash:
             f"{structure_hash[:12]}:{device_key}")
 
 
+def warm_start(space: ConfigSpace) -> list[dict[str, int]]:
+    """The first trials of a new study: the AStitch default, then the default with one
+    parameter moved to either end of its range (legal ones only).  The rule is usually right
+    about most parameters and wrong about one; the ends show the sampler which way each axis
+    goes.  ntrans (8x4096) on this cpu: the default g0=8, split=1 and the best g0=8,
+    split=16 differ in one parameter, at its end."""
+    out = [dict(space.default)]
+    for name, choices in space.params.items():
+        for value in (choices[-1], choices[0]):
+            config = {**space.default, name: value}
+            if config not in out and space.check(config) is None:
+                out.append(config)
+    return out
+
+
 class Codec:
     """Configs <-> Optuna params.  Ordinal (default): each parameter is the index into its
     sorted choices, an integer Optuna's TPE models with kernels along the axis, so it learns
@@ -130,7 +146,8 @@ class StudyRunner:
         out = StudyOutcome(task.study_name)
         self._recover(study, known, optuna, codec)
         if not study.trials:
-            study.enqueue_trial(codec.encode(task.space.default))
+            for config in warm_start(task.space):
+                study.enqueue_trial(codec.encode(config))
         for status, median in known.values():
             out.statuses[status] += 1
             if status == "ok" and (out.best_s is None or median < out.best_s):
