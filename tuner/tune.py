@@ -270,9 +270,13 @@ class StudyRunner:
         return out
 
     def _recover(self, study: Any, known: dict, optuna: Any, codec: Codec) -> None:
-        """Close trials a killed launch left RUNNING (or WAITING with a measurement)."""
+        """Close trials a killed launch left RUNNING: told from the database when their
+        measurement was stored, else failed and their config enqueued again."""
         for t in study.get_trials(deepcopy=False,
                                   states=(optuna.trial.TrialState.RUNNING,)):
+            if set(t.params) != set(codec.params):  # killed inside ask(): no config yet
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                continue
             chash = db.config_hash(codec.decode(t.params))
             if chash in known:
                 status, median = known[chash]

@@ -1,0 +1,166 @@
+"""The tuner's parts below a launch: config spaces, the roofline estimate, the study driver
+(warm start, never measuring a config twice, recovery of trials a killed launch left
+running) and the search's reuse of shards finished by an earlier run.
+
+The study driver runs against ``cluster.ReplayPool`` here: real configs of a real structure,
+answered from a table of trial results, so each test knows exactly what was measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+import db
+from cluster import LocalExecutor, ReplayPool, search_program
+from kernels.devices import local_cpu_spec
+from kernels.space import config_space, estimate, legal
+from search.handwritten import handwritten
+from search.serialize import to_obj
+from search.suite import load_program
+from tuner.cached import program_key
+from tuner.jobfile import TuningSpec
+from tuner.tune import Codec, StudyRunner, StudyTask, warm_start
+
+SHAPES = {"X": "16x256", "W": "256x256"}
+
+
+@pytest.fixture(scope="module")
+def rmsnorm_matmul():
+    program = load_program("rmsnorm_matmul", SHAPES)
+    return program, program.build(), handwritten(program)
+
+
+def test_config_space_is_legal_and_holds_the_default(rmsnorm_matmul) -> None:
+    _, _, structure = rmsnorm_matmul
+    space = config_space(structure, "cpu")
+    assert set(space.params) == structure.symbols()
+    configs = list(space.configs())
+    assert space.default in configs and len(configs) == space.size
+    assert all(legal(structure, c, "cpu") is None for c in configs[::7])
+    bad = {**space.default, "g0": 3}
+    assert "must divide" in space.check(bad)
+    gpu = config_space(structure, "H100")
+    assert {"block", "lanes"} <= set(gpu.params)
+    assert gpu.check({**gpu.default, "block": 64, "lanes": 128}) is not None
+
+
+def test_estimate_counts_rereads_of_shared_tiles(rmsnorm_matmul) -> None:
+    _, _, structure = rmsnorm_matmul
+    # every block re-reads all of X and recomputes its norm: more blocks move more bytes and
+    # do a little more arithmetic (the matmul's FLOPs are the same)
+    few, many = (estimate(structure, {"F": 4, "g0": g}, "cpu") for g in (1, 64))
+    assert many.bytes_moved > few.bytes_moved and few.flops < many.flops < 1.1 * few.flops
+    assert few.flops >= 2 * 16 * 256 * 256 and few.launches == 1 and few.seconds > 0
+
+
+def test_warm_start_and_codec(rmsnorm_matmul) -> None:
+    _, _, structure = rmsnorm_matmul
+    space = config_space(structure, "cpu")
+    starts = warm_start(space)
+    assert starts[0] == space.default and len(starts) == len({str(s) for s in starts})
+    for config in starts[1:]:
+        assert sum(config[k] != space.default[k] for k in config) == 1
+        assert space.check(config) is None
+    for ordinal in (True, False):
+        codec = Codec(space.params, ordinal)
+        assert all(codec.decode(codec.encode(c)) == c for c in starts)
+    assert Codec(space.params).encode({"F": 1, "g0": 1}) == {"F": 0, "g0": 0}
+
+
+class CountingReplay(ReplayPool):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.measured: list[dict] = []
+
+    def submit(self, method: str, request: dict) -> None:
+        self.measured.append(request["config"])
+        super().submit(method, request)
+
+
+def _setup(tmp_path: Path, rmsnorm_matmul, times=None):
+    program, reference, structure = rmsnorm_matmul
+    space = config_space(structure, "cpu")
+    key = program_key(program, reference)
+    table = {}
+    for i, config in enumerate(space.configs()):  # a made-up landscape: faster with small F
+        t = (times or {}).get(db.config_hash(config), 1e-4 * (1 + config["F"] / 64 + i * 1e-4))
+        table[db.config_hash(config)] = {"status": "ok", "median_s": t, "spread_s": 0.0,
+                                         "config": config, "source": "// replayed",
+                                         "host": "test"}
+    url = f"sqlite:///{tmp_path / 'tune.db'}"
+    database = db.connect(url)
+    pid = database.record_program(key.program_hash, key.shapes, key.dtype, key.name, {})
+    sid = database.record_structure(pid, "s", to_obj(structure), {"verdict": "test"}, 1)
+    pool = CountingReplay(table, db.config_hash, "cpu:replay", local_cpu_spec())
+    task = StudyTask(key.name, sid, "s", structure, to_obj(structure), to_obj(reference),
+                     space, "cpu:replay", local_cpu_spec(), "study-under-test")
+    storage = optuna.storages.RDBStorage(url)
+    return database, pool, task, storage, key
+
+
+def _runner(database, storage, pool, trials: int) -> StudyRunner:
+    return StudyRunner(database, storage, TuningSpec(seed=0).make_sampler, pool, trials=trials)
+
+
+def test_study_measures_each_config_once_and_keeps_the_best(tmp_path, rmsnorm_matmul) -> None:
+    database, pool, task, storage, key = _setup(tmp_path, rmsnorm_matmul)
+    out = _runner(database, storage, pool, 12).run(task, key.program_hash)
+    assert pool.measured[0] == task.space.default  # the AStitch rule's config first
+    starts = warm_start(task.space)  # then the warm start (less those the roofline skips)
+    first = [c for c in pool.measured if c in starts]
+    assert pool.measured[:len(first)] == first == [c for c in starts if c in first]
+    hashes = [db.config_hash(c) for c in pool.measured]
+    assert len(hashes) == len(set(hashes)) == out.measured == out.new == 12
+    best = database.best_kernel(key.program_hash, key.shapes, key.dtype, "cpu:replay")
+    assert best.time_s == out.best_s == min(pool.table[h]["median_s"] for h in hashes)
+    # the same study again: finished, nothing asked or measured
+    pool.measured.clear()
+    again = _runner(database, storage, pool, 12).run(task, key.program_hash)
+    assert pool.measured == [] and again.measured == 12 and again.new == 0
+    # more trials per structure reopen it, and known configs are not measured again
+    more = _runner(database, storage, pool, 16).run(task, key.program_hash)
+    assert more.new == 4 and len({db.config_hash(c) for c in pool.measured}) == 4
+    assert not {db.config_hash(c) for c in pool.measured} & set(hashes)
+    database.close()
+
+
+def test_trials_left_running_by_a_kill_are_recovered(tmp_path, rmsnorm_matmul) -> None:
+    database, pool, task, storage, key = _setup(tmp_path, rmsnorm_matmul)
+    codec = Codec(task.space.params)
+    study = optuna.create_study(study_name=task.study_name, storage=storage)
+    stored, lost = {"F": 2, "g0": 4}, {"F": 8, "g0": 2}
+    for config in (stored, lost):  # asked by the killed launch, never told
+        study.enqueue_trial(codec.encode(config))
+        study.ask(codec.distributions(optuna))
+    study.ask()  # and one killed inside ask(), before it had a config
+    # the first one's measurement reached the database before the kill
+    tid = database.record_trial(task.structure_id, task.device_key, stored, task.study_name, 0)
+    database.record_measurement(tid, "ok", median_s=5e-5)
+    out = _runner(database, storage, pool, 6).run(task, key.program_hash)
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states[0] == optuna.trial.TrialState.COMPLETE  # told from the database
+    assert states[1] == optuna.trial.TrialState.FAIL  # nothing stored: failed, enqueued again
+    assert states[2] == optuna.trial.TrialState.FAIL
+    assert stored not in pool.measured and pool.measured.count(lost) == 1
+    assert out.measured == 6 and out.best_s == 5e-5
+    database.close()
+
+
+def test_search_reuses_finished_shards() -> None:
+    program = load_program("softmax_rows", {"rows": 8, "cols": 16})
+    saved = {}
+    first = search_program(program, executor=LocalExecutor(),
+                           on_shard=lambda r: saved.setdefault(r.shard_id, r))
+    assert saved and all(r.complete for r in saved.values())
+
+    class NoRun(LocalExecutor):
+        def submit(self, shard, payload):
+            raise AssertionError(f"shard {shard.id} ran again")
+
+    second = search_program(program, executor=NoRun(), done=saved,
+                            on_shard=lambda r: pytest.fail("a reused shard was reported"))
+    assert set(second.verified) == set(first.verified)
+    assert [s["hash"] for s in second.structures] == [s["hash"] for s in first.structures]
