@@ -76,7 +76,7 @@ def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: Devi
     if missing or extra:
         raise ShapeError(f"lower: config {dict(symbols)} must bind exactly the structure's "
                          f"symbols {sorted(structure_symbols)} (missing {missing}, unknown "
-                         f"{extra}; knobs are block, lanes, split, vpack); omit the symbols "
+                         f"{extra}; knobs are block, lanes, split, vpack, smem_kb); omit the symbols "
                          "to use the AStitch default")
     return graph.bind(symbols), symbols, knobs
 
@@ -232,7 +232,10 @@ def lower_block(bg: BlockGraph, name: str, what: str, ins: list[Buffer], outs: l
     if spec.kind != "cpu" and any(lp.reductions and lp.lanes > 32 for lp in loops):
         buffers["red"] = Buffer("red", (mapping.threads // 32,), Level.REGIONAL, "scratch",
                                 live=(0, len(loops)), doc="partial sums of multi-warp rows")
-    smem, more = plan_shared(list(buffers.values()), spec.smem_per_block_default)
+    limit = spec.smem_per_block_default
+    if "smem_kb" in knobs:  # a tuned budget: fewer Regional tiles, more Global traffic
+        limit = min(limit, 1024 * knobs["smem_kb"])
+    smem, more = plan_shared(list(buffers.values()), limit)
     notes += more
     wave = blocks_per_wave(spec, mapping.threads)
     items = math.prod(bg.concrete_grid()) * split

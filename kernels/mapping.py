@@ -22,7 +22,9 @@ from itertools import product
 from kernels.devices import DeviceSpec
 from search import BlockGraph, KernelGraph, ShapeError
 
-KNOBS = ("block", "lanes", "split", "vpack")  # config keys that are not structure symbols
+# Config keys that are not structure symbols.  smem_kb: the shared-memory budget of a block in
+# KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.
+KNOBS = ("block", "lanes", "split", "vpack", "smem_kb")
 LONG_ROW = 1024  # AStitch: rows longer than this are worth splitting across blocks
 ELEMS_PER_THREAD = 4  # a thread handles about this many elements of a long row
 CPU_TILE_ELEMS = 8192  # CPU: elements per block tile (32 KiB of floats: L1/L2 resident)
@@ -231,6 +233,6 @@ def split_config(config: MappingT[str, int] | None) -> tuple[dict[str, int], dic
     config = dict(config or {})
     knobs = {k: int(config.pop(k)) for k in KNOBS if k in config}
     for k, v in knobs.items():
-        if v < 1:
+        if v < (0 if k == "smem_kb" else 1):
             raise ValueError(f"config: {k}={v} must be a positive integer")
     return config, knobs

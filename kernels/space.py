@@ -2,7 +2,9 @@
 
 A structure fixes the µGraph and leaves its grid sizes and for-loop ranges as symbols; a config
 binds them and may set the mapping knobs of ``kernels.mapping`` (``split`` on row-wise kernels
-everywhere; ``block`` and ``lanes`` on GPUs, where a block has threads).  Every parameter is a
+everywhere; ``block`` and ``lanes`` on GPUs, where a block has threads; ``smem_kb``, the
+shared-memory budget that decides which tiles stay Regional and which go Global, on GPUs
+wherever the default plan has a Regional tile).  Every parameter is a
 small set of discrete choices, always including the AStitch default, so a sampler can start from
 the rule and the space can be enumerated for an exhaustive comparison.  ``estimate`` gives the
 roofline lower bound of one config, used to skip configs that cannot beat the best so far.
@@ -100,9 +102,32 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         blocks = {b for b in GPU_BLOCKS if b <= spec.max_threads_per_block}
         params["block"] = tuple(sorted(blocks | {default.get("block", 128)}))
         params["lanes"] = tuple(sorted({32, 64, 128, 256} | {default.get("lanes", 32)}))
-    knobs = {k: default[k] for k in ("split", "block", "lanes") if k in params and k in default}
+    # The memory level as a choice: on a GPU, Regional tiles cost shared memory and so
+    # occupancy, and moving them to Global can win; on a CPU "Regional" is a cache-resident
+    # arena with nothing to trade, so Global only adds traffic and is not offered.
+    regional = _regional_bytes(structure, default, spec) if spec.kind != "cpu" else 0
+    if regional:
+        budget = spec.smem_per_block_default // 1024
+        params["smem_kb"] = (0, budget) if regional > 1024 * budget // 2 else (0, budget // 2,
+                                                                              budget)
+        default = {**default, "smem_kb": budget}
+    knobs = {k: default[k] for k in ("split", "block", "lanes", "smem_kb")
+             if k in params and k in default}
     chosen = {k: v for k, v in default.items() if k in structure.symbols()} | knobs
     return ConfigSpace(params, chosen, constraints, row_len)
+
+
+def _regional_bytes(structure: KernelGraph, default: Mapping[str, int],
+                    spec: DeviceSpec) -> int:
+    """Bytes of movable Regional tiles in the default plan (0: no memory level to choose)."""
+    from .plan import Level
+
+    try:
+        plan = lower(structure, default or None, spec, "space")
+    except (ShapeError, ValueError):
+        return 0
+    return sum(b.nbytes for k in plan.kernels for b in k.buffers.values()
+               if b.level is Level.REGIONAL and b.role != "scratch")
 
 
 def estimate(structure: KernelGraph, config: Mapping[str, int] | None,

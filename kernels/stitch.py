@@ -182,13 +182,14 @@ def plan_shared(buffers: list[Buffer], limit: int, extra: int = 0
             b.offset = off
             placed.append(b)
         peak = max((b.offset + b.nbytes for b in placed), default=0) + extra
-        if peak <= limit or not regional:
+        movable = [b for b in regional if b.role != "scratch"]  # warp sums stay on chip
+        if peak <= limit or not movable:
             return peak, notes
-        victim = max(regional, key=lambda b: (b.nbytes, b.name))
+        victim = max(movable, key=lambda b: (b.nbytes, b.name))
         victim.level = Level.GLOBAL
         victim.offset = 0
         victim.doc += " [downgraded: shared memory overflow]"
-        notes.append(f"shared memory overflow ({peak} B > {limit} B): {victim.name} "
+        notes.append(f"shared memory overflow ({peak} B > {limit} B budget): {victim.name} "
                      f"({victim.nbytes} B, the largest Regional buffer) moved to Global")
 
 

@@ -164,3 +164,33 @@ def test_search_reuses_finished_shards() -> None:
                             on_shard=lambda r: pytest.fail("a reused shard was reported"))
     assert set(second.verified) == set(first.verified)
     assert [s["hash"] for s in second.structures] == [s["hash"] for s in first.structures]
+
+
+def test_memory_level_is_a_gpu_choice_that_lowers_and_runs() -> None:
+    from kernels.build import check_plan
+    from kernels.compile import nvcc_available, nvcc_check
+    from kernels.lower import lower
+    from kernels.plan import Level
+    from kernels.render import render
+
+    program = load_program("softmax_rows", {"rows": 64, "cols": 256})
+    structure, reference = handwritten(program), program.build()
+    assert "smem_kb" not in config_space(structure, "cpu").params  # nothing to trade on a cpu
+    space = config_space(structure, "H100")
+    assert space.params["smem_kb"][0] == 0 and space.default["smem_kb"] == 48
+    levels, smem = {}, {}
+    for budget in (0, 48):
+        config = {**space.default, "smem_kb": budget}
+        plan = lower(structure, config, "H100", "smem")
+        levels[budget] = {b.level for k in plan.kernels for b in k.buffers.values()
+                          if b.role != "scratch"}
+        res = check_plan(plan, reference)  # the GPU plan printed in C++, checked
+        assert res.ok, res.message
+        if nvcc_available():  # the CUDA source compiles, within its budget, without spills
+            report = nvcc_check(render(plan, "cuda"), "sm_90")
+            for res_k in report.kernels.values():
+                assert res_k.spill_stores == 0 and res_k.smem_bytes <= 48 * 1024
+            smem[budget] = sum(r.smem_bytes for r in report.kernels.values())
+    assert Level.REGIONAL in levels[48] and Level.REGIONAL not in levels[0]
+    if smem:
+        assert smem[0] < smem[48]
