@@ -9,7 +9,6 @@ trials and receives plain dicts; it alone writes the database (one writer).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any
 
@@ -67,33 +66,22 @@ class MeasureSlot:
 
 
 class SlotPool:
-    """Slots for one device; ``submit`` a request, ``next_done`` returns finished ones.
+    """Slots for one device as Ray actors; ``submit`` a request, ``next_done`` returns the
+    finished ones (``cluster.ReplayPool`` has the same face without Ray or a device)."""
 
-    With Ray running, slots are actors; without it (``use_ray=False``) one slot runs in this
-    process and requests run when their result is asked for.
-    """
+    def __init__(self, device: str = "cpu", slots: int = 1) -> None:
+        import ray
 
-    def __init__(self, device: str = "cpu", slots: int = 1, use_ray: bool = True) -> None:
+        self.ray = ray
         self.device = device
-        self.use_ray = use_ray
-        self._pending: deque = deque()
-        if use_ray:
-            import ray
-
-            self.ray = ray
-            # a cpu slot reserves no CPU: it times only while the search tasks are idle
-            resources = {"num_gpus": 1} if device != "cpu" else {"num_cpus": 0}
-            actor = ray.remote(max_restarts=2, max_task_retries=0, **resources)(MeasureSlot)
-            self.slots = [actor.remote(device) for _ in range(slots)]
-            self.free = list(self.slots)
-            self.inflight: dict = {}
-            self.key = ray.get(self.slots[0].device_key.remote())
-            self.spec = ray.get(self.slots[0].spec.remote())
-        else:
-            self.slots = [MeasureSlot(device)]
-            self.free = list(self.slots)
-            self.key = self.slots[0].device_key()
-            self.spec = self.slots[0].spec()
+        # a cpu slot reserves no CPU: it times only while the search tasks are idle
+        resources = {"num_gpus": 1} if device != "cpu" else {"num_cpus": 0}
+        actor = ray.remote(max_restarts=2, max_task_retries=0, **resources)(MeasureSlot)
+        self.slots = [actor.remote(device) for _ in range(slots)]
+        self.free = list(self.slots)
+        self.inflight: dict = {}
+        self.key = ray.get(self.slots[0].device_key.remote())
+        self.spec = ray.get(self.slots[0].spec.remote())
 
     @property
     def idle(self) -> int:
@@ -102,27 +90,15 @@ class SlotPool:
     def submit(self, method: str, request: dict) -> None:
         """Run ``method`` ("trial" or "baseline") on a free slot; call only when ``idle``."""
         slot = self.free.pop()
-        if self.use_ray:
-            ref = getattr(slot, method).remote(request)
-            self.inflight[ref] = (slot, request, time.perf_counter())
-        else:
-            self._pending.append((slot, method, request))
+        self.inflight[getattr(slot, method).remote(request)] = (slot, request)
 
     def next_done(self) -> dict | None:
         """The next finished request's result (blocking); None when nothing is in flight.
         A slot whose actor died reports the trial as a runtime error and is restarted."""
-        if not self.use_ray:
-            if not self._pending:
-                return None
-            slot, method, request = self._pending.popleft()
-            try:
-                return getattr(slot, method)(request)
-            finally:
-                self.free.append(slot)
         if not self.inflight:
             return None
         done, _ = self.ray.wait(list(self.inflight), num_returns=1)
-        slot, request, _ = self.inflight.pop(done[0])
+        slot, request = self.inflight.pop(done[0])
         self.free.append(slot)
         try:
             return self.ray.get(done[0])
@@ -134,21 +110,12 @@ class SlotPool:
 
     def close(self) -> None:
         for slot in self.slots:
-            if self.use_ray:
-                try:
-                    self.ray.get(slot.close.remote(), timeout=10)
-                    self.ray.kill(slot)
-                except Exception:  # noqa: BLE001 - best effort at shutdown
-                    pass
-            else:
-                slot.close()
+            try:
+                self.ray.get(slot.close.remote(), timeout=10)
+                self.ray.kill(slot)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
         self.slots, self.free = [], []
-
-    def __enter__(self) -> SlotPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class ReplayPool:

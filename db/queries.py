@@ -15,6 +15,7 @@ from db.models import BestKernel, Job, Measurement, Program, SearchShard, Struct
 from db.records import BestKernel as BestKernelRecord
 from db.records import (
     HistoryEntry,
+    JobRecord,
     MeasurementRecord,
     StructureRecord,
     loads,
@@ -248,6 +249,17 @@ class Reads:
                 )
             )
             return set(rows.scalars())
+
+    def job(self, job_key: str) -> JobRecord | None:
+        """The job registered under ``job_key`` (None: never launched against this database)."""
+        with self._lookup.connect() as conn:
+            row = conn.execute(select(Job.__table__).where(Job.job_key == job_key)).first()
+        if row is None:
+            return None
+        return JobRecord(id=row.id, job_key=row.job_key, job_path=row.job_path,
+                         status=row.status, attempts=row.attempts,
+                         started_at=utc(row.started_at), finished_at=utc(row.finished_at),
+                         timings=loads(row.timings_json), resumed=row.attempts > 1)
 
     def shard_results(self, job_id: int, prefix: str = "") -> dict[str, Any]:
         """Stats of the job's finished shards whose key starts with ``prefix``, by key."""

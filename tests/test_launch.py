@@ -171,12 +171,9 @@ def test_sigkill_then_resume(sqlite_url: str, tmp_path: Path) -> None:
     best = check_consistent(sqlite_url)
     assert best.structure_hash == rep["best_structure"]
     with db.connect(sqlite_url, migrate_schema=False) as database:
-        jobs = database.session(write=False)
-        with jobs as s:
-            from db.models import Job
-
-            (row,) = s.query(Job).all()
-            assert row.status == "finished" and row.attempts == 2
+        record = database.job(summary["job_key"])
+        assert record.status == "finished" and record.attempts == 2 and record.resumed
+        assert record.timings["total_s"] > 0
 
 
 def test_resume_without_earlier_run_is_refused(sqlite_url: str, tmp_path: Path) -> None:
@@ -251,3 +248,19 @@ def test_db_upgrade_creates_then_reports_head(tmp_path: Path,
     assert cli.main(["best", "softmax_rows", "--db", url]) == 2
     err = capsys.readouterr().err
     assert "no tuned kernel for softmax_rows" in err and "tuner launch" in err
+
+
+def test_a_cluster_without_gpus_is_refused_before_the_database(tmp_path: Path) -> None:
+    """With --address the GPUs are the cluster's: Launch.run joins Ray and runs this check
+    before it opens the database; a cluster without GPUs is an input error (exit 2)."""
+    from cluster import start_ray, stop_ray
+    from tuner.launch import InputError, check_cluster_gpus
+
+    started = start_ray(1)
+    try:
+        check_cluster_gpus(("cpu",))
+        with pytest.raises(InputError, match=r"devices\[1\]: cuda: the Ray cluster has no GPU"):
+            check_cluster_gpus(("cpu", "cuda"))
+    finally:
+        if started:
+            stop_ray()

@@ -125,7 +125,7 @@ def format_summary(result: Any) -> str:
 def cmd_launch(args: argparse.Namespace) -> int:
     from .launch import Launch, prepare
 
-    job, url = prepare(args.job, args.db, args.resume)  # nothing written before this passes
+    job, url = prepare(args.job, args.db, args.resume, args.address)  # nothing written before this passes
     progress = Progress(args.quiet or args.json)
     try:
         result = Launch(job, url, address=args.address, log=progress.log,

@@ -91,17 +91,20 @@ class LaunchResult:
 def job_key(job: JobSpec) -> str:
     """Identifies a job across relaunches: its programs (by reference hash and shapes) and
     every setting that changes what is searched or tuned."""
+    keys = [program_key(e.program) for e in job.programs]
     desc = {
-        "programs": [[e.program.name, program_key(e.program).program_hash,
-                      program_key(e.program).shapes] for e in job.programs],
+        "programs": [[k.name, k.program_hash, k.shapes] for k in keys],
         "search": repr(job.search), "tuning": repr(job.tuning), "devices": list(job.devices),
     }
     digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
     return f"{Path(job.source).stem}:{digest}"
 
 
-def check_devices(devices: tuple[str, ...]) -> None:
-    """Refuse a device this machine (or cluster) cannot measure on, before anything runs."""
+def check_devices(devices: tuple[str, ...], address: str | None = None) -> None:
+    """Refuse a device this machine cannot measure on, before anything runs.  With a cluster
+    ``address`` the GPUs are the cluster's: ``check_cluster_gpus`` runs once Ray is joined."""
+    if address:
+        return
     for i, device in enumerate(devices):
         if device.startswith("cuda"):
             from kernels.devices import cuda_available
@@ -112,8 +115,20 @@ def check_devices(devices: tuple[str, ...]) -> None:
                                  f"({why}); use 'devices: [cpu]' or run on a GPU machine")
 
 
-def prepare(path: str | Path, db_url: str | None = None, resume: bool = False
-            ) -> tuple[JobSpec, str]:
+def check_cluster_gpus(devices: tuple[str, ...]) -> None:
+    """The joined Ray cluster must have a GPU for every cuda device of the job."""
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    for i, device in enumerate(devices):
+        if device.startswith("cuda") and gpus < 1:
+            raise InputError(f"devices[{i}]: {device}: the Ray cluster has no GPU resource; "
+                             "start its nodes with GPUs (ray start --num-gpus N) or use "
+                             "'devices: [cpu]'")
+
+
+def prepare(path: str | Path, db_url: str | None = None, resume: bool = False,
+            address: str | None = None) -> tuple[JobSpec, str]:
     """Validate everything a launch needs without writing anything: (job, database URL)."""
     job = load_job(path)
     url = db_url or job.database.url
@@ -121,7 +136,7 @@ def prepare(path: str | Path, db_url: str | None = None, resume: bool = False
         db.normalize_url(url)
     except (ValueError, db.DatabaseError) as err:
         raise InputError(f"database URL {url!r}: {err}") from None
-    check_devices(job.devices)
+    check_devices(job.devices, address or job.cluster.address)
     if resume and not _has_job(url, job_key(job)):
         raise InputError(f"--resume: no earlier run of {path} in {url}; drop --resume to "
                          "start it")
@@ -130,16 +145,11 @@ def prepare(path: str | Path, db_url: str | None = None, resume: bool = False
 
 def _has_job(url: str, key: str) -> bool:
     try:
-        database = db.connect(url, migrate_schema=False)
+        database = db.connect(url, migrate_schema=False)  # never creates or migrates
     except db.DatabaseError:
         return False
     with database:
-        from sqlalchemy import select
-
-        from db.models import Job
-
-        with database.session(write=False) as s:
-            return s.execute(select(Job.id).where(Job.job_key == key)).first() is not None
+        return database.job(key) is not None
 
 
 class Launch:
@@ -154,14 +164,46 @@ class Launch:
         self.tune_deadline: float | None = None  # set when the first study starts
 
     def run(self) -> LaunchResult:
+        """Start (or join) Ray and check the devices there, then, and only then, open the
+        database: a cluster without the job's GPUs is refused before anything is written."""
+        from cluster import make_executor, start_ray, stop_ray
+
         start = time.perf_counter()
+        started = start_ray(self.job.cluster.workers, self.address)
+        executor, pools = None, {}
+        try:
+            if self.address:
+                check_cluster_gpus(self.job.devices)
+            executor = make_executor(self.job.cluster.workers, self.address)
+            pools = self._pools()
+            return self._run_job(executor, pools, start)
+        finally:
+            for pool in pools.values():
+                pool.close()
+            if executor is not None:
+                executor.close()
+            if started:
+                stop_ray()
+
+    def _pools(self) -> dict[str, Any]:
+        from cluster import SlotPool
+
+        pools = {}
+        for device in self.job.devices:
+            pools[device] = SlotPool("cpu" if device == "cpu" else "cuda", _slots(device))
+        return pools
+
+    def _run_job(self, executor: Any, pools: dict, start: float) -> LaunchResult:
         database = db.connect(self.url)
         record = database.start_job(job_key(self.job), self.job.source)
-        self.log(f"job {record.job_key} ({'resumed, attempt ' + str(record.attempts) if record.resumed else 'new'})"
-                 f" -> {database!r}")
+        how = f"resumed, attempt {record.attempts}" if record.resumed else "new"
+        self.log(f"job {record.job_key} ({how}) -> {database!r}")
         status, reports, timings = "failed", [], {}
         try:
-            reports = self._run(database, record.id, timings)
+            storage = _storage(self.url)
+            for entry in self.job.programs:
+                reports += self._program(database, record.id, entry, executor, pools, storage,
+                                         timings)
             status = "finished"
         except KeyboardInterrupt:
             status = "interrupted"
@@ -175,35 +217,13 @@ class Launch:
         return LaunchResult(record.id, record.job_key, record.resumed, self.url, reports,
                             time.perf_counter() - start)
 
-    def _run(self, database: db.Database, job_id: int, timings: dict) -> list[ProgramReport]:
-        from cluster import SlotPool, make_executor, start_ray, stop_ray
-
-        started = start_ray(self.job.cluster.workers, self.address)
-        executor = make_executor(self.job.cluster.workers, self.address)
-        pools = {}
-        try:
-            for device in self.job.devices:
-                pools[device] = SlotPool("cpu" if device == "cpu" else "cuda",
-                                         _slots(device), use_ray=True)
-            storage = _storage(self.url)
-            reports = []
-            for entry in self.job.programs:
-                reports += self._program(database, job_id, entry, executor, pools, storage,
-                                         timings)
-            return reports
-        finally:
-            for pool in pools.values():
-                pool.close()
-            executor.close()
-            if started:
-                stop_ray()
-
     # -- one program ----------------------------------------------------------------------
 
     def _program(self, database: db.Database, job_id: int, entry: ProgramEntry,
                  executor: Any, pools: dict, storage: Any, timings: dict
                  ) -> list[ProgramReport]:
         from cluster import ShardResult, search_program
+        from kernels.space import config_space
 
         program = entry.program
         reference = program.build()
@@ -243,8 +263,6 @@ class Launch:
                                  timeout_s=self.job.tuning.trial_timeout_s or 60.0,
                                  on_trial=self._trial_progress(program.name))
             for sid, shash, graph in structures:
-                from kernels.space import config_space
-
                 task = StudyTask(program.name, sid, shash, graph, to_obj(graph),
                                  to_obj(reference), config_space(graph, pool.spec), pool.key,
                                  pool.spec, study_name(program.name, key.program_hash,
@@ -357,6 +375,6 @@ def launch(path: str | Path, *, db_url: str | None = None, address: str | None =
            progress: Any = None) -> LaunchResult:
     """Run the job file at ``path`` (see the module docstring); the Python face of
     ``tuner launch``."""
-    job, url = prepare(path, db_url, resume)
+    job, url = prepare(path, db_url, resume, address)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     return Launch(job, url, address=address, log=log, progress=progress).run()

@@ -171,7 +171,7 @@ class StudyRunner:
                 break
             res = self.pool.next_done()
             number = res["tag"]
-            trial, config, chash = inflight.pop(number)
+            trial, config, _ = inflight.pop(number)
             self._store(task, trial, config, res, known, out, study, optuna)
         if not self.past_deadline():
             study.set_user_attr("finished_for_trials", self.trials)  # more trials reopen it
