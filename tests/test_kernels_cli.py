@@ -198,9 +198,11 @@ def test_worker_and_job_environment_reach_openmp():
 
 
 @pytest.mark.parametrize("name, overrides, config, tile", [
-    ("gqa", {"Q": (2, 32, 16), "K": (2, 16, 64), "V": (2, 64, 16)}, None, "mm_rows<4>"),
+    ("gqa", {"Q": (2, 32, 16), "K": (2, 16, 64), "V": (2, 64, 16)}, None, "mm_rows<8>"),
     # 88 columns: a full register tile, a one-vector tile and a scalar tail (AVX-512)
     ("rmsnorm_matmul", {"X": (3, 64), "W": (64, 88)}, {"g0": 1, "F": 2}, "mm_rows<3>"),
+    ("rmsnorm_matmul", {"X": (8, 64), "W": (64, 88)}, {"g0": 1, "F": 2}, "mm_rows<8>"),
+    ("rmsnorm_matmul", {"X": (12, 64), "W": (64, 88)}, {"g0": 1, "F": 2}, "mm_rows<6>"),
     ("lora", {"X": (2, 32), "W": (32, 80), "A": (32, 8), "B": (8, 80)}, {"g0": 1, "F": 1},
      "mm_rows<2>"),
 ])
