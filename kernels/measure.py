@@ -10,6 +10,7 @@ after its numeric check), so the ratio compares like with like.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -29,11 +30,38 @@ DEFAULT_TIMING = {"warmup": 2, "min_repeats": 7, "budget_s": 1.0, "target_rse": 
 
 
 def default_env() -> dict[str, str]:
-    """The kernel worker's environment for timing: OpenMP threads sleep instead of spinning
-    at barriers (OMP_WAIT_POLICY=passive) unless the caller chose a policy.  On a machine
-    shared with other processes, spinning threads took the cores the working ones needed:
-    softmax_rows (64, 30000) on 2 busy cores took 11 ms spinning, 0.8-1.5 ms passive."""
-    return {} if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": "passive"}
+    """The kernel worker's environment for timing: OpenMP's own waiting (threads spin a while
+    at the end of a parallel region, as a deployed kernel's do) on a machine with room for the
+    kernel's threads, ``OMP_WAIT_POLICY=passive`` on one crowded with other work, and nothing
+    when the caller chose a policy.  Measured on this 2-core VM: on an idle machine passive
+    waiting lost the second core to wake-up latency (lora 0.26-0.39 ms passive, 0.18 ms
+    spinning); with 4 busy loops beside it spinning threads waited out whole scheduler slices
+    (softmax_rows 64x30000: 19-32 ms spinning, 0.9 ms passive); with 1 or 2 busy loops
+    spinning was still the faster (0.39-0.61 vs 0.78 ms)."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return {}
+    cores = os.cpu_count() or 1
+    try:
+        threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0]))
+    except ValueError:
+        threads = cores
+    crowded = other_runnable() > cores - min(threads, cores) + 1
+    return {"OMP_WAIT_POLICY": "passive"} if crowded else {}
+
+
+def other_runnable(samples: int = 5, interval_s: float = 0.01) -> float:
+    """Threads of other processes ready to run now (median of a few looks at the kernel's run
+    queue in /proc/loadavg, less this process), or the 1-minute load average elsewhere."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return float(np.median(counts))
 
 
 def baseline(graph: KernelGraph, inputs: Sequence[np.ndarray]) -> Callable[[], list]:
