@@ -51,9 +51,12 @@ GRID_BARRIER = """__device__ void grid_barrier(unsigned int* bar, unsigned int b
 }"""
 MATMUL_TILE_ROWS = (8, 6, 4, 3, 2)  # rows per register tile, largest dividing the row count first
 # (every row of a tile shares one pass over B: gated_mlp's 8 rows in one tile, not two of 4,
-# read each 64 MB weight from memory once: 10.0 -> 8.9 ms one thread, 4.7 -> 3.5 ms two)
+# read each 64 MB weight from memory once: 10.0 -> 8.9 ms one thread, 4.7 -> 3.5 ms two;
+# up to 4 rows when B's tile stays in L1, see CppDialect.matmul_tile_rows)
 STREAM_ROW_MIN, STREAM_ROW_MAX = 16, 16384  # columns of a row streamed via a buffer
 PREFETCH_MIN_L2S = 8  # B sizes (in L2 caches) whose next for-loop tile is prefetched
+# short rows of a big input: prefetch this far ahead (floats), one prefetch per cache line
+PREFETCH_AHEAD, PREFETCH_ROW_MAX = 2048, 256
 TREE_SUM_MAX_COLS = 256  # wider rows: the in-order lane sum is a small share of the row
 PARALLEL_MIN_WORK = 1 << 18  # below this, forking threads costs more than it saves
 CUDA_TYPES = {"float16": ("half", "__half2float", "__float2half"),
@@ -163,7 +166,36 @@ class CppDialect(CStyle):
         self._row_streams: list[tuple[str, str]] = []
         self._stream_width = width if self._streaming and lanes == 1 and split == 1 and \
             STREAM_ROW_MIN <= width <= STREAM_ROW_MAX else 0
-        return super()._row_body(lp, lanes, split, width, guards)
+        body = super()._row_body(lp, lanes, split, width, guards)
+        pf = self._row_prefetches(lp, lanes, split, width)
+        at = len(self.coord_lines(lp))
+        return body[:at] + pf + body[at:]
+
+    def _row_prefetches(self, lp: Loop, lanes: int, split: int, width: int) -> list[str]:
+        """Prefetch what a row loop reads of a big input PREFETCH_AHEAD floats ahead, when
+        the rows are short and laid end to end: this VM's hardware prefetchers did not keep
+        up with a walk over 750000 rows of 32 (softmax_rows: 12.6 -> 6.6 ms one thread in a
+        standalone A/B; 2 KB ahead 7.1 ms, 32 KB ahead 7.7-8.2 ms).  Longer rows stream
+        well without help (4096 x 1024 is at copy bandwidth)."""
+        if lanes != 1 or split != 1 or width > PREFETCH_ROW_MAX or lp.chunked or \
+                _has_matmul(lp):
+            return []
+        out, seen = [], set()
+        coords = [f"i{d}" for d in range(len(lp.shape) - 1)]
+        for st in (*lp.hoisted, *lp.col):
+            if not (isinstance(st, Let) and st.op == "load"):
+                continue
+            a = st.access[0]
+            b = self.buffer(self._k, self._plan, self._view_buffer(a.view))
+            if b.role != "input" or a.col != 1 or a.col_index or not a.rows or \
+                    a.rows[-1] != width or a.view in seen or \
+                    math.prod(b.shape) * 4 < PREFETCH_MIN_L2S * _cache_bytes(2, 1 << 20):
+                continue
+            seen.add(a.view)
+            start = f"{a.view} + {self._index(replace(a, col=0), coords)} + {PREFETCH_AHEAD}"
+            out += [f"for (int p = 0; p < {width}; p += 16) "
+                    f"__builtin_prefetch({start} + p, 0, 3);  // rows ahead of {a.view}"]
+        return out
 
     def _store(self, st: Store, coords: list[str], guards: list[str]) -> list[str]:
         """An output row written once, column by column, goes to a row buffer that
@@ -191,7 +223,13 @@ class CppDialect(CStyle):
         if any(st.access[1].col != 1 or st.access[1].col_index or
                (st.access[1].rows and st.access[1].rows[-1]) for st in mms):
             return 0
-        return next((t for t in MATMUL_TILE_ROWS if inner % t == 0 and t <= lp.rows), 1)
+        # more than 4 rows share one pass over B but spill accumulators: worth it only when
+        # B's tile does not stay in L1 between passes (mha's 64 x 64 B: 7.7 ms at 4 rows,
+        # 10.1 ms at 8; gated_mlp's 64 x 512: 10.0 ms at 4, 8.9 ms at 8)
+        b_bytes = max(st.attrs["k"] for st in mms) * width * 4
+        most = 8 if b_bytes > _cache_bytes(1, 32 << 10) else 4
+        return next((t for t in MATMUL_TILE_ROWS if inner % t == 0 and t <= min(lp.rows, most)),
+                    1)
 
     def matmul_tiles(self, lp: Loop, rows: int, width: int) -> list[str]:
         coords = [f"i{d}" for d in range(len(lp.shape) - 1)]

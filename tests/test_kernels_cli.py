@@ -198,11 +198,12 @@ def test_worker_and_job_environment_reach_openmp():
 
 
 @pytest.mark.parametrize("name, overrides, config, tile", [
-    ("gqa", {"Q": (2, 32, 16), "K": (2, 16, 64), "V": (2, 64, 16)}, None, "mm_rows<8>"),
+    ("gqa", {"Q": (2, 32, 16), "K": (2, 16, 64), "V": (2, 64, 16)}, None, "mm_rows<4>"),
     # 88 columns: a full register tile, a one-vector tile and a scalar tail (AVX-512)
     ("rmsnorm_matmul", {"X": (3, 64), "W": (64, 88)}, {"g0": 1, "F": 2}, "mm_rows<3>"),
-    ("rmsnorm_matmul", {"X": (8, 64), "W": (64, 88)}, {"g0": 1, "F": 2}, "mm_rows<8>"),
-    ("rmsnorm_matmul", {"X": (12, 64), "W": (64, 88)}, {"g0": 1, "F": 2}, "mm_rows<6>"),
+    # B's tile (256 x 88) outgrows L1: more rows per pass over it
+    ("rmsnorm_matmul", {"X": (8, 256), "W": (256, 88)}, {"g0": 1, "F": 1}, "mm_rows<8>"),
+    ("rmsnorm_matmul", {"X": (12, 256), "W": (256, 88)}, {"g0": 1, "F": 1}, "mm_rows<6>"),
     ("lora", {"X": (2, 32), "W": (32, 80), "A": (32, 8), "B": (8, 80)}, {"g0": 1, "F": 1},
      "mm_rows<2>"),
 ])
@@ -219,3 +220,15 @@ def test_softmax_rows_walk_rows_once_with_a_reciprocal():
     assert res.status == "ok", res.message
     assert "(one walk over the rows for the loops above)" in res.source
     assert "rcp_" in res.source and not re.search(r"\(v_\w+ / v_\w+\)", res.source)
+
+
+def test_short_rows_of_a_big_input_are_prefetched_ahead():
+    from kernels.devices import _cache_bytes
+    from kernels.render import PREFETCH_MIN_L2S
+
+    big = PREFETCH_MIN_L2S * _cache_bytes(2, 1 << 20) // (32 * 4) + 64
+    for rows, expect in ((big, True), (256, False)):
+        program = load_program("softmax_rows", {"rows": rows, "cols": 32})
+        res = build_cpu(handwritten(program), name="sm")
+        assert res.status == "ok", res.message
+        assert ("__builtin_prefetch(in_X" in res.source) == expect, rows
