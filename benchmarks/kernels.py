@@ -18,7 +18,8 @@ how much of the shortfall is the machine rather than the kernel.
 
 Targets (PASS/FAIL per row): ratio ≥ 1.0 everywhere; ≥ 2.0 on ntrans, softmax_rows and
 rmsnorm_residual; memory-bound rows (FLOPs per byte below the machine balance, peak FLOP/s /
-copy bandwidth) at ≥ 60 % of copy bandwidth.
+copy bandwidth) at ≥ 60 % of copy bandwidth — the cached figure or the one measured now,
+whichever is higher.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 "of_copy": m.achieved_gbs / copy, "memory_bound": intensity < balance,
                 "flop_per_byte": intensity, "max_err": m.max_error, "message": m.message,
                 "seconds": time.perf_counter() - t0}
-            row["fails"] = targets(row, name)
+            row["name"] = name
             rows.append(row)
             print(f"# {label}: {m.status} in {row['seconds']:.1f} s", file=sys.stderr)
     now.append(_measure_copy_bandwidth(256 << 20, 3, threads))
@@ -126,6 +127,10 @@ def run(args: argparse.Namespace) -> list[dict]:
           file=sys.stderr)
     for row in rows:
         row["of_copy_now"] = row["gbs"] / max(now)
+        # judged against the better copy figure: a cache taken at a busy moment, or a busy
+        # moment now, must not flatter the kernel
+        row["of_best_copy"] = row["gbs"] / max(copy, *now)
+        row["fails"] = targets(row, row.pop("name"))
     return rows
 
 
@@ -135,7 +140,7 @@ def targets(row: dict, name: str) -> list[str]:
         return [row["status"]]
     need = 2.0 if name in TWO_X else 1.0
     fails = [f"ratio<{need:g}"] if not row["ratio"] >= need else []
-    if row["memory_bound"] and not row["of_copy"] >= MEMORY_TARGET:
+    if row["memory_bound"] and not row["of_best_copy"] >= MEMORY_TARGET:
         fails.append(f"bw<{MEMORY_TARGET:.0%}")
     return fails
 

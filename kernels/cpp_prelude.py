@@ -56,8 +56,9 @@ static inline void mm_tile(const float* const* a, const int sa, const float* __r
                            const int c0, const long pf) {
   // R rows x CB vectors of columns kept in registers over the whole k loop: every vector of
   // b loaded feeds R fused multiply-adds (GCC vector extensions: the ISA of -march=native).
-  // pf != 0: b + pf is the same tile of the next for-loop iteration, fetched into L2 now;
-  // the hardware prefetchers do not follow a walk down rows thousands of floats apart
+  // pf != 0: b + pf is fetched into L2 now (rows further down B, or the same tile of the
+  // next for-loop iteration); the hardware prefetchers do not follow a walk down rows
+  // thousands of floats apart
   tuner_vf acc[R][CB];
 #pragma GCC unroll 8
   for (int q = 0; q < R; ++q)
