@@ -1,13 +1,16 @@
 """Fused C++ kernels vs op-by-op numpy on this CPU, with the issue's targets checked per row.
 
     .venv/bin/python benchmarks/kernels.py [--threads N] [--structures DIR] [--budget S]
-                                           [--only NAME ...] [--markdown]
+                                           [--rounds N] [--only NAME ...] [--json]
 
 Rows: every suite program (search.suite.SUITE) at its default shapes, softmax_rows at the three
 AStitch mapping shapes, and rmsnorm_residual.  Each row builds the structure (hand-written, or
 the winner of a search output in ``--structures DIR``) with the AStitch default config, checks
 it against the float64 reference, then times the fused kernel (in the isolated worker) and the
 reference graph run op by op with numpy in float32, one after the other in the same run.
+``--rounds N`` repeats the whole pass N times and reports per row the median fused and numpy
+times and the median of the per-round ratios: on a VM whose neighbours come and go, one pass
+can catch a slow moment for one row.
 
 ``--threads N`` sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS for both sides before numpy loads
 (default: all cores); bandwidth is then judged against the copy bandwidth measured with the
@@ -28,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -85,9 +89,6 @@ def winner(structures: Path, name: str, program):
 def run(args: argparse.Namespace) -> list[dict]:
     from kernels.devices import _measure_copy_bandwidth, local_cpu_spec, measure_cpu_bandwidth
     from kernels.isolate import IsolatedWorker
-    from kernels.measure import measure_program
-    from search.handwritten import handwritten
-    from search.suite import load_program
 
     spec = local_cpu_spec()
     bw = measure_cpu_bandwidth()
@@ -99,39 +100,68 @@ def run(args: argparse.Namespace) -> list[dict]:
           f"{bw['measured_at']}); balance {balance:.1f} FLOP/B; load {os.getloadavg()[0]:.2f}",
           file=sys.stderr)
     now = [_measure_copy_bandwidth(256 << 20, 3, threads)]
-    rows = []
+    rows: dict[str, dict] = {}
     with IsolatedWorker() as worker:
-        for label, name, overrides in ROWS:
-            if args.only and not any(o in label for o in args.only):
-                continue
-            program = load_program(name, overrides)
-            found = winner(Path(args.structures), name, program) if args.structures else None
-            structure, source = found or (handwritten(program), "hand-written")
-            t0 = time.perf_counter()
-            m = measure_program(program, structure, None, worker=worker,
-                                timing={"budget_s": args.budget})
-            ref = program.build()
-            intensity = flops(ref) / max(1, m.bytes_moved or 1)
-            row = {"label": label, "shapes": ", ".join(
-                f"{n} {'x'.join(map(str, s))}" for n, s in program.inputs.items()),
-                "structure": source, "status": m.status, "fused_ms": m.kernel_s * 1e3,
-                "numpy_ms": m.baseline_s * 1e3, "ratio": m.speedup, "gbs": m.achieved_gbs,
-                "of_copy": m.achieved_gbs / copy, "memory_bound": intensity < balance,
-                "flop_per_byte": intensity, "max_err": m.max_error, "message": m.message,
-                "seconds": time.perf_counter() - t0}
-            row["name"] = name
-            rows.append(row)
-            print(f"# {label}: {m.status} in {row['seconds']:.1f} s", file=sys.stderr)
+        for rnd in range(args.rounds):
+            for label, name, overrides in ROWS:
+                if args.only and not any(o in label for o in args.only):
+                    continue
+                row = measure_row(args, worker, label, name, overrides, copy, balance)
+                if label in rows:
+                    rows[label]["rounds"].append(row)
+                else:
+                    rows[label] = {**row, "rounds": [row]}
+                print(f"# {label}: {row['status']} in {row['seconds']:.1f} s"
+                      f"{f' (round {rnd + 1})' if args.rounds > 1 else ''}", file=sys.stderr)
+    rows = [combine(r) for r in rows.values()]
     now.append(_measure_copy_bandwidth(256 << 20, 3, threads))
     print(f"# copy now: {now[0]:.1f} GB/s at the start, {now[1]:.1f} GB/s at the end",
           file=sys.stderr)
     for row in rows:
+        row["of_copy"] = row["gbs"] / copy
         row["of_copy_now"] = row["gbs"] / max(now)
         # judged against the better copy figure: a cache taken at a busy moment, or a busy
         # moment now, must not flatter the kernel
         row["of_best_copy"] = row["gbs"] / max(copy, *now)
         row["fails"] = targets(row, row.pop("name"))
     return rows
+
+
+def measure_row(args: argparse.Namespace, worker, label: str, name: str, overrides: dict,
+                copy: float, balance: float) -> dict:
+    """One row, both sides timed one after the other."""
+    from kernels.measure import measure_program
+    from search.handwritten import handwritten
+    from search.suite import load_program
+
+    program = load_program(name, overrides)
+    found = winner(Path(args.structures), name, program) if args.structures else None
+    structure, source = found or (handwritten(program), "hand-written")
+    t0 = time.perf_counter()
+    m = measure_program(program, structure, None, worker=worker,
+                        timing={"budget_s": args.budget})
+    intensity = flops(program.build()) / max(1, m.bytes_moved or 1)
+    return {"label": label, "name": name, "shapes": ", ".join(
+        f"{n} {'x'.join(map(str, s))}" for n, s in program.inputs.items()),
+        "structure": source, "status": m.status, "fused_ms": m.kernel_s * 1e3,
+        "numpy_ms": m.baseline_s * 1e3, "ratio": m.speedup, "gbs": m.achieved_gbs,
+        "bytes": m.bytes_moved, "memory_bound": intensity < balance,
+        "flop_per_byte": intensity, "max_err": m.max_error, "message": m.message,
+        "seconds": time.perf_counter() - t0}
+
+
+def combine(row: dict) -> dict:
+    """A row over its rounds: the median fused and numpy times, the median of the per-round
+    ratios (each from one round, both sides back to back), the worst status."""
+    rounds = row.pop("rounds")
+    bad = [r for r in rounds if r["status"] != "ok"]
+    if bad:
+        return {**row, **bad[0]}
+    med = {k: statistics.median(r[k] for r in rounds) for k in ("fused_ms", "numpy_ms", "ratio")}
+    return {**row, **med, "gbs": row["bytes"] / (med["fused_ms"] * 1e-3) / 1e9,
+            "fused_range_ms": (min(r["fused_ms"] for r in rounds),
+                               max(r["fused_ms"] for r in rounds)) if len(rounds) > 1 else None,
+            "seconds": sum(r["seconds"] for r in rounds)}
 
 
 def targets(row: dict, name: str) -> list[str]:
@@ -151,7 +181,10 @@ def table(rows: list[dict]) -> str:
     lines = [head]
     for r in rows:
         verdict = "PASS" if not r["fails"] else "FAIL (" + ", ".join(r["fails"]) + ")"
-        lines.append(f"| {r['label']} | {r['shapes']} | {r['structure']} | {r['fused_ms']:.3f} | "
+        fused = f"{r['fused_ms']:.3f}"
+        if r.get("fused_range_ms"):
+            fused += " ({:.3f}–{:.3f})".format(*r["fused_range_ms"])
+        lines.append(f"| {r['label']} | {r['shapes']} | {r['structure']} | {fused} | "
                      f"{r['numpy_ms']:.3f} | {r['ratio']:.2f} | {r['gbs']:.1f} | "
                      f"{r['of_copy']:.0%} | {r['of_copy_now']:.0%} | "
                      f"{'memory' if r['memory_bound'] else 'compute'} | "
@@ -168,9 +201,14 @@ def main(argv: list[str] | None = None) -> int:
                              "hand-written structures")
     parser.add_argument("--budget", type=float, default=1.0,
                         help="timing budget per side and row, seconds (default 1)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every row this many times, round robin, and report the "
+                             "medians (default 1)")
     parser.add_argument("--only", nargs="*", help="rows whose label contains one of these")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be ≥ 1")
     if args.threads < 0:
         parser.error("--threads must be ≥ 1 (or 0 for all cores)")
     if args.threads:  # before numpy (OpenBLAS) and the worker (OpenMP) start
