@@ -24,6 +24,7 @@ from .predefined import predefined_block_graph
 from .stitch import Home, chunk_cols, dense_strides, expand, group_loops, lanes_for, plan_shared
 
 WS_ALIGN = 16  # floats: workspace regions start on 64-byte boundaries
+STAGE_ORDER = {"pre": 0, "body": 1, "post": 2}
 
 
 def resolve_spec(device: str | DeviceSpec) -> DeviceSpec:
@@ -216,7 +217,12 @@ def lower_block(bg: BlockGraph, name: str, what: str, ins: list[Buffer], outs: l
     fuser = Fuser(shapes, homes, out_homes, tile[-1], split, inplace)
     for op in ops:
         fuser.add(op)
-    loops = fuser.finish()
+    # execution order: before the for-loop, every iteration, after it (the fuser emits loops
+    # in op order, and a body op may come before a pre one).  Loop indices are time for the
+    # lifetimes below, so shared memory is only reused between buffers that are never live
+    # together (qknorm_gqa's winner had rms_norm(Q), made before the loop and read in every
+    # iteration, overwritten by rms_norm(V)'s row norms inside it)
+    loops = sorted(fuser.finish(), key=lambda lp: STAGE_ORDER[lp.stage])
     buffers = dict(fuser.tiles)
     out_views = {v.name for v in views if v.buffer in {b.name for b in outs}}
     if split > 1:
@@ -310,7 +316,7 @@ def _levels(phases: list[Phase], buffers: dict[str, Buffer], f: int) -> list[str
             continue
         idx = [t[1] for t in touch[b.name]]
         lo, hi = min(idx), max(idx)
-        inside = [body[0] <= i <= body[-1] for i in idx] if body else []
+        inside = [i in body for i in idx]
         if body and (b.role == "accum" or (any(inside) and not all(inside))):
             lo, hi = min(lo, body[0]), max(hi, body[-1])  # live across every iteration
         b.live = (lo, hi)

@@ -192,6 +192,49 @@ def test_plan_shared_reuses_dead_buffers_and_downgrades_one_at_a_time():
     assert small.level is Level.REGIONAL and peak == 30 * 1024 and len(notes) == 1
 
 
+# qknorm_gqa's search winner (the shapes made small): its block graph normalises the V tile
+# inside the for-loop before it normalises Q before the loop
+QKNORM_WINNER = {"format": "tuner.mugraph/1", "ops": [
+    {"op": "input", "shape": [2, 32, 16], "dtype": "float16", "name": "Q"},
+    {"op": "input", "shape": [2, 16, 256], "dtype": "float16", "name": "K"},
+    {"op": "input", "shape": [2, 256, 16], "dtype": "float16", "name": "V"},
+    {"op": "graph_kernel", "in": [0, 1, 2], "block_graph": {
+        "grid": ["g0", 1, 1], "forloop_range": "F", "block": [128, 1, 1], "ops": [
+            {"op": "input", "index": 0, "imap": [1, -1, -1], "fmap": -1},
+            {"op": "input", "index": 1, "imap": [-1, -1, -1], "fmap": 2},
+            {"op": "input", "index": 2, "imap": [-1, -1, -1], "fmap": 1},
+            {"op": "rms_norm", "in": [2]}, {"op": "rms_norm", "in": [0]},
+            {"op": "matmul", "in": [4, 1]}, {"op": "exp", "in": [5]},
+            {"op": "matmul", "in": [6, 3]}, {"op": "accum", "in": [7], "kind": "no_red"},
+            {"op": "accum", "in": [6], "kind": "sum"}, {"op": "div", "in": [8, 9]},
+            {"op": "output", "in": [10], "omap": [1, -1, -1]}]}},
+    {"op": "output", "in": [3]}]}
+
+
+@pytest.mark.parametrize("device", ["cpu", "H100"])
+def test_shared_memory_is_reused_only_between_buffers_never_live_together(device, worker):
+    """Loops run before the for-loop, then every iteration, then after it, whatever the op
+    order: a tile made before the loop and read in every iteration is live across all of it."""
+    from search.serialize import from_obj
+
+    g = from_obj(QKNORM_WINNER)
+    plan = lower(g, {"g0": 2, "F": 4}, device)
+    (k,) = plan.kernels
+    stages = [lp.stage for ph in k.phases for lp in ph.loops]
+    assert stages == sorted(stages, key=["pre", "body", "post"].index)
+    regional = [b for b in k.buffers.values() if b.level is Level.REGIONAL]
+    for i, a in enumerate(regional):
+        for b in regional[i + 1:]:
+            if a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes:
+                assert a.live[1] < b.live[0] or b.live[1] < a.live[0], (a, b)
+    normed_q = next(b for b in regional if b.name == "b_t4")  # rms_norm(Q), made before
+    body = [i for i, s in enumerate(stages) if s == "body"]
+    assert normed_q.live[0] < body[0] and normed_q.live[1] >= body[-1]
+    if device == "cpu":
+        res = build_cpu(g, {"g0": 2, "F": 4}, name="qk", worker=worker)
+        assert res.status == "ok", res.message
+
+
 # ---------------------------------------------------------------- thread mapping
 
 
