@@ -64,7 +64,9 @@ def flops(graph) -> int:
 
 
 def winner(structures: Path, name: str, program):
-    """The top structure for ``name`` in a directory of search outputs, or None."""
+    """The structure of a search output in ``structures`` for ``name`` with the fastest
+    roofline estimate on this CPU (what ``tuner measure --structure best`` picks), or None."""
+    from kernels.space import rank_structures
     from tuner.cmd_kernels import _check_inputs, read_structures
 
     candidates = [structures / f"{name}.json"] + sorted(structures.glob("*.json"))
@@ -77,7 +79,8 @@ def winner(structures: Path, name: str, program):
             continue
         if path.stem != name and (not isinstance(doc, dict) or doc.get("program") != name):
             continue
-        top = read_structures(str(path))[0]
+        found = read_structures(str(path))
+        top = found[rank_structures([s["graph"] for s in found], "cpu")[0]]
         try:
             _check_inputs(program, top["graph"], str(path))
         except ValueError:

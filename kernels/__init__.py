@@ -21,6 +21,7 @@ _EXPORTS = {
     "CudaKernel": "cuda", "launches": "cuda", "default_env": "measure",
     "run_isolated": "isolate", "IsolatedWorker": "isolate", "RunResult": "isolate",
     "STATUSES": "isolate", "measure": "timing", "Timing": "timing",
+    "config_space": "space", "estimate": "space", "rank_structures": "space",
 }
 
 __all__ = sorted(_EXPORTS)

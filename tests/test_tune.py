@@ -56,6 +56,39 @@ def test_estimate_counts_rereads_of_shared_tiles(rmsnorm_matmul) -> None:
     assert few.flops >= 2 * 16 * 256 * 256 and few.launches == 1 and few.seconds > 0
 
 
+def _mha_structure(over: str) -> dict:
+    """One of mha's verified structures at small shapes: the grid over heads (``heads``) or
+    over V's columns (``columns``, every block recomputing all of Q·K and exp)."""
+    q, k, v, out = ([0, -1, -1], [0, -1, -1], [0, -1, -1], [0, -1, -1]) if over == "heads" \
+        else ([-1, -1, -1], [-1, -1, -1], [2, -1, -1], [2, -1, -1])
+    return {"format": "tuner.mugraph/1", "ops": [
+        {"op": "input", "shape": [4, 8, 16], "dtype": "float16", "name": "Q"},
+        {"op": "input", "shape": [4, 16, 256], "dtype": "float16", "name": "K"},
+        {"op": "input", "shape": [4, 256, 16], "dtype": "float16", "name": "V"},
+        {"op": "graph_kernel", "in": [0, 1, 2], "block_graph": {
+            "grid": ["g0", 1, 1], "forloop_range": "F", "block": [128, 1, 1], "ops": [
+                {"op": "input", "index": 0, "imap": q, "fmap": -1},
+                {"op": "input", "index": 1, "imap": k, "fmap": 2},
+                {"op": "input", "index": 2, "imap": v, "fmap": 1},
+                {"op": "matmul", "in": [0, 1]}, {"op": "exp", "in": [3]},
+                {"op": "matmul", "in": [4, 2]}, {"op": "accum", "in": [5], "kind": "no_red"},
+                {"op": "accum", "in": [4], "kind": "sum"}, {"op": "div", "in": [6, 7]},
+                {"op": "output", "in": [8], "omap": out}]}},
+        {"op": "output", "in": [3]}]}
+
+
+@pytest.mark.parametrize("device", ["cpu", "H100"])
+def test_structures_are_ranked_by_the_estimate_of_their_default(device) -> None:
+    from kernels.space import rank_structures
+    from search.serialize import from_obj
+
+    columns, heads = from_obj(_mha_structure("columns")), from_obj(_mha_structure("heads"))
+    assert estimate(columns, None, device).flops > estimate(heads, None, device).flops
+    assert rank_structures([columns, heads], device) == [1, 0]
+    assert rank_structures([heads, columns], device) == [0, 1]
+    assert rank_structures([heads, heads], device) == [0, 1]  # ties keep the search's order
+
+
 def test_warm_start_and_codec(rmsnorm_matmul) -> None:
     _, _, structure = rmsnorm_matmul
     space = config_space(structure, "cpu")

@@ -80,9 +80,10 @@ def _check_inputs(program: Program, graph: KernelGraph, what: str) -> None:
                          f"{want}; use a structure found at these shapes (or drop --set)")
 
 
-def resolve_structure(program: Program, choice: str = "best",
-                      structures: str | None = None) -> tuple[KernelGraph, str]:
-    """(structure, a phrase saying which one) for ``--structure choice``."""
+def resolve_structure(program: Program, choice: str = "best", structures: str | None = None,
+                      device: Any = "cpu") -> tuple[KernelGraph, str]:
+    """(structure, a phrase saying which one) for ``--structure choice``; ``best`` is the
+    structure of ``structures`` with the fastest roofline estimate on ``device``."""
     def hand() -> KernelGraph:
         try:
             return handwritten(program)
@@ -93,8 +94,11 @@ def resolve_structure(program: Program, choice: str = "best",
     if choice == "handwritten" or (choice == "best" and not structures):
         return hand(), f"hand-written structure of {program.name}"
     if choice == "best":
-        top = read_structures(structures)[0]
-        what = f"best structure {top['hash'][:12]} of {structures}"
+        from kernels.space import rank_structures
+
+        found = read_structures(structures)
+        top = found[rank_structures([s["graph"] for s in found], device)[0]]
+        what = f"best structure {top['hash'][:12]} of {structures} (roofline estimate)"
     elif Path(choice).exists():
         top = read_structures(choice)[0]
         what = f"structure {top['hash'][:12]} from {choice}"
@@ -158,7 +162,7 @@ def _lower(structure: KernelGraph, config: Mapping[str, int], device: Any, name:
 def _prepare(args: argparse.Namespace, device: Any) -> tuple[Program, KernelGraph, dict, Any]:
     """(program, structure, config, plan); says on stderr which structure and config."""
     program = load_program(args.program, parse_pairs(args.set, "--set"))
-    structure, what = resolve_structure(program, args.structure, args.structures)
+    structure, what = resolve_structure(program, args.structure, args.structures, device)
     config = resolve_config(structure, parse_config(args.config), device)
     plan = _lower(structure, config, device, program.name)  # config errors: exit 2
     print(f"# {what}; config {' '.join(f'{k}={v}' for k, v in config.items()) or '(none)'}",
@@ -226,8 +230,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="override a parameter (batch=8) or an input shape (X=16x1024)")
     p.add_argument("--structure", default="best", metavar="best|handwritten|HASH|FILE",
-                   help="which fused structure (default best: the top of --structures, else "
-                        "the hand-written one)")
+                   help="which fused structure (default best: the structure of --structures "
+                        "with the fastest roofline estimate on the device, else the "
+                        "hand-written one)")
     p.add_argument("--structures", metavar="FILE",
                    help="a search output (JSON with a 'structures' list) for best / HASH")
     p.add_argument("--config", action="append", metavar="K=V",

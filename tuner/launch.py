@@ -223,7 +223,7 @@ class Launch:
                  executor: Any, pools: dict, storage: Any, timings: dict
                  ) -> list[ProgramReport]:
         from cluster import ShardResult, search_program
-        from kernels.space import config_space
+        from kernels.space import config_space, rank_structures
 
         program = entry.program
         reference = program.build()
@@ -247,9 +247,10 @@ class Launch:
                                 time_limit_s=self.job.search.time_limit_s, done=done,
                                 on_shard=save, on_progress=self._search_progress(program.name))
         search_s = time.perf_counter() - t0
-        structures = self._store_structures(database, pid, program.name, result, reference)
+        stored = self._store_structures(database, pid, program.name, result, reference)
         self.log(f"{program.name}: {len(result.verified)} verified structure(s) in "
-                 f"{search_s:.1f} s; tuning the best {len(structures)}")
+                 f"{search_s:.1f} s; tuning the best {min(len(stored), self.job.tuning.structures)}"
+                 " by the roofline estimate of each device")
         reports = []
         for device, pool in pools.items():
             rep = ProgramReport(program.name, key.shapes, pool.key,
@@ -262,7 +263,8 @@ class Launch:
                                  seed=self.job.tuning.seed or 0, deadline=self._deadline(),
                                  timeout_s=self.job.tuning.trial_timeout_s or 60.0,
                                  on_trial=self._trial_progress(program.name))
-            for sid, shash, graph in structures:
+            order = rank_structures([g for _, _, g in stored], pool.spec)
+            for sid, shash, graph in [stored[i] for i in order[:self.job.tuning.structures]]:
                 task = StudyTask(program.name, sid, shash, graph, to_obj(graph),
                                  to_obj(reference), config_space(graph, pool.spec), pool.key,
                                  pool.spec, study_name(program.name, key.program_hash,
@@ -286,7 +288,7 @@ class Launch:
 
     def _store_structures(self, database: db.Database, pid: int, name: str, result: Any,
                           reference: Any) -> list[tuple[int, str, Any]]:
-        """Store every verified structure; return the best-ranked ones to tune.  A search
+        """Store every verified structure; return them all, in the search's order.  A search
         that verified nothing leaves the reference itself (op by op, trivially equivalent)."""
         from search import structural_hash
         from verifier import DEFAULT_TESTS
@@ -306,7 +308,7 @@ class Launch:
                                             int(desc.get("num_kernels") or 0),
                                             desc.get("bytes_moved"))
             out.append((sid, h, graph))
-        return out[: self.job.tuning.structures]
+        return out
 
     def _baseline(self, pool: Any, reference: Any) -> float | None:
         pool.submit("baseline", {"reference": to_obj(reference), "tag": "baseline"})
