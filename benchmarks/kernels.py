@@ -64,8 +64,9 @@ def flops(graph) -> int:
 
 
 def winner(structures: Path, name: str, program):
-    """The structure of a search output in ``structures`` for ``name`` with the fastest
-    roofline estimate on this CPU (what ``tuner measure --structure best`` picks), or None."""
+    """The structure of a search output in ``structures`` for ``name``, or the program as
+    written, with the fastest roofline estimate on this CPU (what ``tuner measure
+    --structure best`` and a launch's first study pick), or None."""
     from kernels.space import rank_structures
     from tuner.cmd_kernels import _check_inputs, read_structures
 
@@ -80,12 +81,15 @@ def winner(structures: Path, name: str, program):
         if path.stem != name and (not isinstance(doc, dict) or doc.get("program") != name):
             continue
         found = read_structures(str(path))
-        top = found[rank_structures([s["graph"] for s in found], "cpu")[0]]
         try:
-            _check_inputs(program, top["graph"], str(path))
+            _check_inputs(program, found[0]["graph"], str(path))
         except ValueError:
             continue  # found at other shapes
-        return top["graph"], f"search {top['hash'][:10]}"
+        graphs = [s["graph"] for s in found] + [program.build()]
+        first = rank_structures(graphs, "cpu")[0]
+        if first == len(found):
+            return graphs[first], "reference (kernel per op)"
+        return graphs[first], f"search {found[first]['hash'][:10]}"
     return None
 
 

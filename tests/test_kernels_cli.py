@@ -106,6 +106,23 @@ def test_codegen_structure_file_best_and_hash(capsys, tmp_path):
     assert "predefined" in out  # the reference graph: predefined ops, several kernels
 
 
+def test_best_is_the_reference_when_it_beats_every_searched_structure(capsys, tmp_path):
+    from test_tune import _mha_structure
+
+    from search.serialize import from_obj
+
+    # mha's structure with the grid over V's columns: every block recomputes Q·K and exp
+    slow = from_obj(_mha_structure("columns", heads=4, rows=16, dim=64, seq=512))
+    search = tmp_path / "search.json"
+    search.write_text(json.dumps({"program": "mha", "structures": [
+        {"graph": to_obj(slow), "hash": structural_hash(slow)}]}))
+    shapes = ["--set", "Q=4x16x64", "--set", "K=4x64x512", "--set", "V=4x512x64"]
+    code, out, err = _run(capsys, "codegen", "mha", *shapes, "--structures", str(search),
+                          "--target", "cpp")
+    assert code == 0 and "the reference program (a kernel per op)" in err
+    assert "predefined" in out
+
+
 def test_codegen_rejects_bad_config_in_one_line(capsys):
     for bad, says in ((["--config", "g0=abc"], "positive integer"),
                       (["--config", "zz=4"], "not a symbol"),

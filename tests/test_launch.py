@@ -119,6 +119,11 @@ def check_job(url: str, tmp_path: Path) -> None:
 
 def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
     check_job(sqlite_url, tmp_path)
+    # the program as written is stored beside the verified structures, as a candidate
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
+        verdicts = [json.loads(v)["verdict"] for (v,) in conn.execute(
+            "SELECT verification_json FROM tuner_structures")]
+    assert verdicts.count("reference") == 1 and "equivalent" in verdicts
     # optuna-dashboard's own storage loader opens the database and sees the studies
     pytest.importorskip("optuna_dashboard")
     from optuna_dashboard._storage_url import get_storage

@@ -56,15 +56,16 @@ def test_estimate_counts_rereads_of_shared_tiles(rmsnorm_matmul) -> None:
     assert few.flops >= 2 * 16 * 256 * 256 and few.launches == 1 and few.seconds > 0
 
 
-def _mha_structure(over: str) -> dict:
+def _mha_structure(over: str, heads: int = 4, rows: int = 8, dim: int = 16,
+                   seq: int = 256) -> dict:
     """One of mha's verified structures at small shapes: the grid over heads (``heads``) or
     over V's columns (``columns``, every block recomputing all of Q·K and exp)."""
     q, k, v, out = ([0, -1, -1], [0, -1, -1], [0, -1, -1], [0, -1, -1]) if over == "heads" \
         else ([-1, -1, -1], [-1, -1, -1], [2, -1, -1], [2, -1, -1])
     return {"format": "tuner.mugraph/1", "ops": [
-        {"op": "input", "shape": [4, 8, 16], "dtype": "float16", "name": "Q"},
-        {"op": "input", "shape": [4, 16, 256], "dtype": "float16", "name": "K"},
-        {"op": "input", "shape": [4, 256, 16], "dtype": "float16", "name": "V"},
+        {"op": "input", "shape": [heads, rows, dim], "dtype": "float16", "name": "Q"},
+        {"op": "input", "shape": [heads, dim, seq], "dtype": "float16", "name": "K"},
+        {"op": "input", "shape": [heads, seq, dim], "dtype": "float16", "name": "V"},
         {"op": "graph_kernel", "in": [0, 1, 2], "block_graph": {
             "grid": ["g0", 1, 1], "forloop_range": "F", "block": [128, 1, 1], "ops": [
                 {"op": "input", "index": 0, "imap": q, "fmap": -1},

@@ -83,7 +83,8 @@ def _check_inputs(program: Program, graph: KernelGraph, what: str) -> None:
 def resolve_structure(program: Program, choice: str = "best", structures: str | None = None,
                       device: Any = "cpu") -> tuple[KernelGraph, str]:
     """(structure, a phrase saying which one) for ``--structure choice``; ``best`` is the
-    structure of ``structures`` with the fastest roofline estimate on ``device``."""
+    structure of ``structures`` (or the reference program) with the fastest roofline estimate
+    on ``device``."""
     def hand() -> KernelGraph:
         try:
             return handwritten(program)
@@ -97,7 +98,12 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
         from kernels.space import rank_structures
 
         found = read_structures(structures)
-        top = found[rank_structures([s["graph"] for s in found], device)[0]]
+        graphs = [s["graph"] for s in found] + [program.build()]
+        first = rank_structures(graphs, device)[0]
+        if first == len(found):
+            return graphs[first], (f"the reference program (a kernel per op): its roofline "
+                                   f"estimate beats every structure of {structures}")
+        top = found[first]
         what = f"best structure {top['hash'][:12]} of {structures} (roofline estimate)"
     elif Path(choice).exists():
         top = read_structures(choice)[0]
@@ -230,9 +236,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="override a parameter (batch=8) or an input shape (X=16x1024)")
     p.add_argument("--structure", default="best", metavar="best|handwritten|HASH|FILE",
-                   help="which fused structure (default best: the structure of --structures "
-                        "with the fastest roofline estimate on the device, else the "
-                        "hand-written one)")
+                   help="which fused structure (default best: the structure of --structures, "
+                        "or the program as written, with the fastest roofline estimate on the "
+                        "device; without --structures the hand-written one)")
     p.add_argument("--structures", metavar="FILE",
                    help="a search output (JSON with a 'structures' list) for best / HASH")
     p.add_argument("--config", action="append", metavar="K=V",
