@@ -315,7 +315,7 @@ class Database(Reads):
             m, program = row.Measurement, row.Program
             if m.status != "ok":
                 return False
-            stmt = self._insert(BestKernel).values(
+            values = dict(
                 program_hash=program.program_hash,
                 shapes_key=program.shapes_key,
                 dtype=program.dtype,
@@ -328,21 +328,71 @@ class Database(Reads):
                 baseline_s=baseline,
                 updated_at=utcnow(),
             )
-            new = stmt.excluded
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["program_hash", "shapes_key", "dtype", "device_key"],
-                set_={
-                    "structure_id": new.structure_id,
-                    "trial_id": new.trial_id,
-                    "measurement_id": new.measurement_id,
-                    "source": new.source,
-                    "time_s": new.time_s,
-                    "baseline_s": func.coalesce(new.baseline_s, BestKernel.baseline_s),
-                    "updated_at": new.updated_at,
-                },
-                where=BestKernel.time_s > new.time_s,
-            ).returning(BestKernel.id)
-            return s.execute(stmt).scalar_one_or_none() is not None
+            return self._upsert_best(s, values, only_faster=True)
+
+    def confirm_best(
+        self, trial_id: int, source: str, baseline_s: float | None = None
+    ) -> float | None:
+        """Make this trial's kernel the best of its program × shapes × dtype × device at its
+        confirmed time: the median of all its 'ok' measurements (first timing and deliberate
+        re-measurements alike).  Unlike ``update_best`` this may make the stored best slower:
+        it is how a lucky first timing is corrected.  A trial with any failed measurement is
+        not confirmed (returns None, nothing written); else returns the confirmed time."""
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError("source must be the kernel's non-empty source text")
+        baseline = check_time(baseline_s, "baseline_s")
+        with self.session() as s:
+            rows = s.execute(
+                select(Measurement, Trial.structure_id, Program)
+                .join(Trial, Trial.id == Measurement.trial_id)
+                .join(Structure, Structure.id == Trial.structure_id)
+                .join(Program, Program.id == Structure.program_id)
+                .where(Measurement.trial_id == trial_id)
+                .order_by(Measurement.attempt)
+            ).all()
+            if not rows:
+                raise ValueError(f"no measurements of trial {trial_id}")
+            if any(r.Measurement.status != "ok" for r in rows):
+                return None
+            times = sorted(r.Measurement.median_s for r in rows)
+            n = len(times)
+            confirmed = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
+            last, program = rows[-1].Measurement, rows[-1].Program
+            values = dict(
+                program_hash=program.program_hash,
+                shapes_key=program.shapes_key,
+                dtype=program.dtype,
+                device_key=last.device_key,
+                structure_id=rows[-1].structure_id,
+                trial_id=trial_id,
+                measurement_id=last.id,
+                source=source,
+                time_s=confirmed,
+                baseline_s=baseline,
+                updated_at=utcnow(),
+            )
+            self._upsert_best(s, values, only_faster=False)
+            return confirmed
+
+    def _upsert_best(self, s: Session, values: dict, only_faster: bool) -> bool:
+        """Insert or replace the best row of ``values``' key (atomically); with
+        ``only_faster`` only a strictly faster time replaces.  Returns whether it changed."""
+        stmt = self._insert(BestKernel).values(**values)
+        new = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["program_hash", "shapes_key", "dtype", "device_key"],
+            set_={
+                "structure_id": new.structure_id,
+                "trial_id": new.trial_id,
+                "measurement_id": new.measurement_id,
+                "source": new.source,
+                "time_s": new.time_s,
+                "baseline_s": func.coalesce(new.baseline_s, BestKernel.baseline_s),
+                "updated_at": new.updated_at,
+            },
+            where=(BestKernel.time_s > new.time_s) if only_faster else None,
+        ).returning(BestKernel.id)
+        return s.execute(stmt).scalar_one_or_none() is not None
 
 
 def _execute(s: Session, stmt: Any, model: type) -> Any:

@@ -261,6 +261,31 @@ def test_best_is_replaced_only_by_a_strictly_faster_ok_kernel(database: db.Datab
     assert database.history("ph", status="wrong_result")[0].max_error == float("inf")
 
 
+def test_confirmed_best_is_the_median_of_its_timings_even_when_slower(
+        database: db.Database) -> None:
+    _, sid, lucky = _chain(database)
+    steady = database.record_trial(sid, "cpu:test", {"grid": [8, 1], "forloop": 16})
+    flaky = database.record_trial(sid, "cpu:test", {"grid": [16, 1], "forloop": 16})
+    database.update_best(database.record_measurement(lucky, "ok", median_s=1e-3), "lucky",
+                         baseline_s=6e-3)
+    for attempt, t in enumerate((4e-3, 3e-3)):  # the lucky first timing was not repeated
+        database.record_measurement(lucky, "ok", median_s=t, attempt=attempt + 1)
+    for attempt, t in enumerate((2e-3, 2.2e-3, 1.9e-3)):
+        database.record_measurement(steady, "ok", median_s=t, attempt=attempt)
+    database.record_measurement(flaky, "ok", median_s=5e-4)
+    database.record_measurement(flaky, "timeout", attempt=1)
+    assert database.confirm_best(flaky, "flaky") is None  # a failed re-run: not eligible
+    assert database.best_kernel("ph", SHAPES, "float32", "cpu:test").source == "lucky"
+    assert database.confirm_best(lucky, "lucky") == pytest.approx(3e-3)
+    best = database.best_kernel("ph", SHAPES, "float32", "cpu:test")
+    assert (best.trial_id, best.time_s) == (lucky, pytest.approx(3e-3))  # slower, and true
+    assert database.confirm_best(steady, "steady") == pytest.approx(2e-3)
+    best = database.best_kernel("ph", SHAPES, "float32", "cpu:test")
+    assert (best.source, best.time_s, best.baseline_s) == ("steady", pytest.approx(2e-3), 6e-3)
+    with pytest.raises(ValueError, match="no measurements"):
+        database.confirm_best(10_000, "x")
+
+
 def test_best_per_device_and_fastest_over_devices(database: db.Database) -> None:
     _, sid, t_cpu = _chain(database)
     t_gpu = database.record_trial(sid, "cuda:h100", {"grid": [4, 1], "forloop": 16})

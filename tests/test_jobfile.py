@@ -154,6 +154,7 @@ MALFORMED = [
      "tuning.trials_per_structure", "at least 1"),
     ("programs: [lora]\ntuning:\n  time_budget_s: -5\n", 3, "tuning.time_budget_s", "> 0"),
     ("programs: [lora]\ntuning: {sampler: cmaes}\n", 2, "tuning.sampler", "tpe, random, grid"),
+    ("programs: [lora]\ntuning:\n  confirm: -1\n", 3, "tuning.confirm", "at least 0"),
     ("programs: [lora]\ndevices:\n  - cpu\n  - gpu0\n", 4, "devices[1]", "unknown device"),
     ("programs: [lora]\ndevices: [cuda, cuda:0]\n", 2, "devices[1]", "repeats"),
     ("programs: [lora]\ncluster:\n  workers: 1.5\n", 3, "cluster.workers", "whole number"),

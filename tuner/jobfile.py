@@ -86,6 +86,7 @@ class TuningSpec:
     structures: int = 3  # the best-ranked verified structures of each program that are tuned
     time_budget_s: float | None = None
     trial_timeout_s: float = 60.0  # a candidate running longer is stopped: status timeout
+    confirm: int = 3  # the fastest configs per program × device timed twice more (0: none)
     sampler: str = "tpe"
     seed: int | None = None
 
@@ -258,6 +259,7 @@ class _Parser:
             tuning=self.section(get("tuning"), "tuning", TuningSpec, {
                 "trials_per_structure": count, "structures": count,
                 "time_budget_s": self.seconds, "trial_timeout_s": self.seconds,
+                "confirm": lambda n, p: self.integer(n, p, 0),
                 "sampler": self.sampler,
                 "seed": lambda n, p: self.integer(n, p, 0, null=True)}),
             devices=self.devices(get("devices")),

@@ -53,6 +53,9 @@ class ProgramReport:
     search_s: float = 0.0
     tune_s: float = 0.0
     shards_reused: int = 0
+    confirmed: int = 0  # configs timed TIMINGS times (tuner.confirm) to pick the best
+    confirm_new: int = 0  # re-runs measured by this run
+    best_first_s: float | None = None  # the fastest single first timing, for comparison
 
     @property
     def speedup(self) -> float | None:
@@ -70,7 +73,8 @@ class ProgramReport:
                 "skipped_by_roofline": self.skipped, "invalid_configs": self.invalid,
                 "best_structure": self.best_structure, "best_config": self.best_config,
                 "search_s": round(self.search_s, 3), "tune_s": round(self.tune_s, 3),
-                "shards_reused": self.shards_reused}
+                "shards_reused": self.shards_reused, "confirmed": self.confirmed,
+                "confirm_new": self.confirm_new, "best_first_s": self.best_first_s}
 
 
 @dataclass
@@ -225,6 +229,8 @@ class Launch:
         from cluster import ShardResult, search_program
         from kernels.space import config_space, rank_structures
 
+        from .confirm import TIMINGS, confirm
+
         program = entry.program
         reference = program.build()
         key = program_key(program, reference)
@@ -273,6 +279,12 @@ class Launch:
                 outcome = runner.run(task, key.program_hash)
                 self._merge(rep, outcome)
                 rep.structures_tuned += 1
+            conf = confirm(database, pool, key, pid, self.job.tuning.confirm,
+                           to_obj(reference), rep.baseline_s, seed=self.job.tuning.seed or 0,
+                           timeout_s=self.job.tuning.trial_timeout_s or 60.0,
+                           past_deadline=runner.past_deadline)
+            rep.confirmed, rep.confirm_new, rep.best_first_s = conf.candidates, conf.new, \
+                conf.first_s
             best = database.best_kernel(key.program_hash, key.shapes, key.dtype, pool.key)
             if best is not None:
                 rep.best_s, rep.best_structure = best.time_s, best.structure_hash
@@ -282,8 +294,10 @@ class Launch:
             timings[f"{program.name}@{device}"] = {"search_s": round(search_s, 3),
                                                    "tune_s": round(rep.tune_s, 3)}
             reports.append(rep)
+            confirmed = f" (median of {TIMINGS} timings; the fastest first timing " \
+                f"{_ms(conf.first_s)})" if conf.best_s is not None else ""
             self.log(f"{program.name} on {pool.key}: {rep.trials} trial(s), best "
-                     f"{_ms(rep.best_s)} vs numpy {_ms(rep.baseline_s)}")
+                     f"{_ms(rep.best_s)}{confirmed} vs numpy {_ms(rep.baseline_s)}")
         return reports
 
     def _store_structures(self, database: db.Database, pid: int, name: str, result: Any,
