@@ -299,35 +299,17 @@ class Database(Reads):
         cannot disagree with what was measured. Only an 'ok' measurement strictly faster than
         the stored best replaces it (one atomic upsert); returns whether the row changed.
         """
-        if not isinstance(source, str) or not source.strip():
-            raise ValueError("source must be the kernel's non-empty source text")
-        baseline = check_time(baseline_s, "baseline_s")
+        baseline = _best_args(source, baseline_s)
         with self.session() as s:
             row = s.execute(
-                select(Measurement, Trial.structure_id, Program)
-                .join(Trial, Trial.id == Measurement.trial_id)
-                .join(Structure, Structure.id == Trial.structure_id)
-                .join(Program, Program.id == Structure.program_id)
-                .where(Measurement.id == measurement_id)
+                _with_keys().where(Measurement.id == measurement_id)
             ).first()
             if row is None:
                 raise ValueError(f"no measurement with id {measurement_id}")
             m, program = row.Measurement, row.Program
             if m.status != "ok":
                 return False
-            values = dict(
-                program_hash=program.program_hash,
-                shapes_key=program.shapes_key,
-                dtype=program.dtype,
-                device_key=m.device_key,
-                structure_id=row.structure_id,
-                trial_id=m.trial_id,
-                measurement_id=m.id,
-                source=source,
-                time_s=m.median_s,
-                baseline_s=baseline,
-                updated_at=utcnow(),
-            )
+            values = _best_row(m, row.structure_id, program, source, m.median_s, baseline)
             return self._upsert_best(s, values, only_faster=True)
 
     def confirm_best(
@@ -338,16 +320,10 @@ class Database(Reads):
         re-measurements alike).  Unlike ``update_best`` this may make the stored best slower:
         it is how a lucky first timing is corrected.  A trial with any failed measurement is
         not confirmed (returns None, nothing written); else returns the confirmed time."""
-        if not isinstance(source, str) or not source.strip():
-            raise ValueError("source must be the kernel's non-empty source text")
-        baseline = check_time(baseline_s, "baseline_s")
+        baseline = _best_args(source, baseline_s)
         with self.session() as s:
             rows = s.execute(
-                select(Measurement, Trial.structure_id, Program)
-                .join(Trial, Trial.id == Measurement.trial_id)
-                .join(Structure, Structure.id == Trial.structure_id)
-                .join(Program, Program.id == Structure.program_id)
-                .where(Measurement.trial_id == trial_id)
+                _with_keys().where(Measurement.trial_id == trial_id)
                 .order_by(Measurement.attempt)
             ).all()
             if not rows:
@@ -358,19 +334,8 @@ class Database(Reads):
             n = len(times)
             confirmed = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
             last, program = rows[-1].Measurement, rows[-1].Program
-            values = dict(
-                program_hash=program.program_hash,
-                shapes_key=program.shapes_key,
-                dtype=program.dtype,
-                device_key=last.device_key,
-                structure_id=rows[-1].structure_id,
-                trial_id=trial_id,
-                measurement_id=last.id,
-                source=source,
-                time_s=confirmed,
-                baseline_s=baseline,
-                updated_at=utcnow(),
-            )
+            values = _best_row(last, rows[-1].structure_id, program, source, confirmed,
+                               baseline)
             self._upsert_best(s, values, only_faster=False)
             return confirmed
 
@@ -393,6 +358,40 @@ class Database(Reads):
             where=(BestKernel.time_s > new.time_s) if only_faster else None,
         ).returning(BestKernel.id)
         return s.execute(stmt).scalar_one_or_none() is not None
+
+
+def _with_keys() -> Any:
+    """Measurements with the trial's structure and the program they were of."""
+    return (
+        select(Measurement, Trial.structure_id, Program)
+        .join(Trial, Trial.id == Measurement.trial_id)
+        .join(Structure, Structure.id == Trial.structure_id)
+        .join(Program, Program.id == Structure.program_id)
+    )
+
+
+def _best_args(source: Any, baseline_s: float | None) -> float | None:
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError("source must be the kernel's non-empty source text")
+    return check_time(baseline_s, "baseline_s")
+
+
+def _best_row(m: Measurement, structure_id: int, program: Program, source: str,
+              time_s: float, baseline_s: float | None) -> dict:
+    """A best-kernel row: keys from the measurement's program, trial and device."""
+    return dict(
+        program_hash=program.program_hash,
+        shapes_key=program.shapes_key,
+        dtype=program.dtype,
+        device_key=m.device_key,
+        structure_id=structure_id,
+        trial_id=m.trial_id,
+        measurement_id=m.id,
+        source=source,
+        time_s=time_s,
+        baseline_s=baseline_s,
+        updated_at=utcnow(),
+    )
 
 
 def _execute(s: Session, stmt: Any, model: type) -> Any:
