@@ -16,11 +16,23 @@ from search.serialize import from_obj
 
 
 class MeasureSlot:
-    """Runs trials and baselines for one device; lives in a Ray actor or in the driver."""
+    """Runs trials and baselines for one device; lives in a Ray actor or in the driver.
 
-    def __init__(self, device: str = "cpu") -> None:
+    ``env``: the thread-count variables of the process that runs the kernels later (the
+    launch's driver, ``kernels.measure.thread_env``; None values unset).  Ray starts an actor
+    that reserves no CPU with OMP_NUM_THREADS=1, which would time every cpu kernel and the
+    numpy baseline on one core while ``tuner.load`` runs them on all of them."""
+
+    def __init__(self, device: str = "cpu", env: dict[str, str | None] | None = None) -> None:
+        import os
+
         from kernels.isolate import IsolatedWorker
 
+        for k, v in (env or {}).items():  # before the worker is spawned: it inherits them
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         self.device = device
         self.worker = IsolatedWorker()
 
@@ -52,14 +64,19 @@ class MeasureSlot:
         return out
 
     def baseline(self, request: dict) -> dict:
-        """Op-by-op time of the reference on this device (numpy on the cpu)."""
-        from kernels.trial import time_baseline
+        """Op-by-op time of the reference on this device (numpy on the cpu), timed in the
+        isolated worker: this process's numpy may have loaded before ``env`` was applied."""
+        from kernels.isolate import run_isolated
 
         if self.device != "cpu":
             return {"tag": request.get("tag"), "baseline_s": None}
-        seconds = time_baseline(from_obj(request["reference"]), seed=request.get("seed", 0),
-                                timing=request.get("timing"))
-        return {"tag": request.get("tag"), "baseline_s": seconds}
+        res = run_isolated({"call": "kernels.trial:baseline_job", "timing": None,
+                            "args": {"reference": request["reference"],
+                                     "seed": request.get("seed", 0),
+                                     "baseline_timing": request.get("timing")}},
+                           request.get("timeout_s", 600.0), self.worker)
+        return {"tag": request.get("tag"), "baseline_s": res.payload.get("baseline_s"),
+                "status": res.status, "message": res.message}
 
     def close(self) -> None:
         self.worker.close()
@@ -72,12 +89,14 @@ class SlotPool:
     def __init__(self, device: str = "cpu", slots: int = 1) -> None:
         import ray
 
+        from kernels.measure import thread_env
+
         self.ray = ray
         self.device = device
         # a cpu slot reserves no CPU: it times only while the search tasks are idle
         resources = {"num_gpus": 1} if device != "cpu" else {"num_cpus": 0}
         actor = ray.remote(max_restarts=2, max_task_retries=0, **resources)(MeasureSlot)
-        self.slots = [actor.remote(device) for _ in range(slots)]
+        self.slots = [actor.remote(device, thread_env()) for _ in range(slots)]
         self.free = list(self.slots)
         self.inflight: dict = {}
         self.key = ray.get(self.slots[0].device_key.remote())

@@ -29,6 +29,15 @@ from .build import build_cpu, random_inputs
 DEFAULT_TIMING = {"warmup": 2, "min_repeats": 7, "budget_s": 1.0, "target_rse": 0.02}
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # who sets cores
+
+
+def thread_env() -> dict[str, str | None]:
+    """This process's thread-count variables (None: unset, i.e. every core), to hand to a
+    process that should time kernels as this one would run them."""
+    return {k: os.environ.get(k) for k in THREAD_VARS}
+
+
 def default_env() -> dict[str, str]:
     """The kernel worker's environment for timing: OpenMP's own waiting (threads spin a while
     at the end of a parallel region, as a deployed kernel's do) on a machine with room for the

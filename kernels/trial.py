@@ -125,6 +125,16 @@ def run_trial(structure: KernelGraph, reference: KernelGraph, config: Mapping[st
     return out
 
 
+def baseline_job(inputs: list, expected: list, args: dict) -> dict:
+    """``time_baseline`` as an isolated-worker call job (``args``: reference as canonical
+    JSON, seed, timing), so numpy's threads follow the worker's environment."""
+    from search.serialize import from_obj
+
+    seconds = time_baseline(from_obj(args["reference"]), seed=args.get("seed", 0),
+                            timing=args.get("baseline_timing"))
+    return {"status": "ok", "message": "", "baseline_s": seconds}
+
+
 def time_baseline(reference: KernelGraph, *, seed: int = 0, timing: Mapping | None = None
                   ) -> float:
     """Median seconds of ``reference`` run op by op with numpy on float32 inputs (the cpu

@@ -289,3 +289,39 @@ def test_a_cluster_without_gpus_is_refused_before_the_database(tmp_path: Path) -
     finally:
         if started:
             stop_ray()
+
+
+OMP_PROBE = """#include <omp.h>
+extern "C" void kernel(float** inputs, float** outputs) {
+  outputs[0][0] = (float)omp_get_max_threads();
+}"""
+
+
+def test_a_cpu_slot_times_with_the_drivers_threads() -> None:
+    """Ray starts an actor that reserves no CPU with OMP_NUM_THREADS=1; the slot must time
+    kernels and the numpy baseline with the cores the launching process would use."""
+    import ray
+
+    from cluster import SlotPool, start_ray, stop_ray
+    from kernels.isolate import run_isolated
+    from search.serialize import to_obj
+    from search.suite import load_program
+
+    want = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())
+    started = start_ray(1)
+    pool = None
+    try:
+        pool = SlotPool("cpu")
+        probe = {"source": OMP_PROBE, "inputs": [], "outputs": [(1,)], "timing": None}
+        res = ray.get(pool.slots[0].__ray_call__.remote(
+            lambda slot: run_isolated(probe, 60, slot.worker)))
+        assert res.ok and res.payload["outputs"][0][0] == want
+        reference = load_program("softmax_rows", {"rows": 64, "cols": 64}).build()
+        pool.submit("baseline", {"reference": to_obj(reference), "tag": "b"})
+        done = pool.next_done()
+        assert done["status"] == "ok" and done["baseline_s"] > 0
+    finally:
+        if pool is not None:
+            pool.close()
+        if started:
+            stop_ray()
