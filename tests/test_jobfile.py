@@ -42,6 +42,9 @@ def test_examples_load() -> None:
                                                "qknorm_gqa", "mha", "mqa", "ntrans"]
     assert suite.search.limits().max_block_inputs == 4
     assert suite.programs[2].program.inputs["W"] == (256, 4096)  # paper shapes untouched
+    cpu = load_job(ROOT / "examples" / "cpu_suite.yaml")
+    assert [e.ref for e in cpu.programs] == [e.ref for e in suite.programs]
+    assert cpu.devices == ("cpu",) and cpu.search.limits().max_block_inputs == 4
 
 
 def test_every_entry_form_and_defaults(tmp_path: Path) -> None:
