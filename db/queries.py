@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, select
+from sqlalchemy import Connection, Engine, bindparam, case, func, select
 
 from db.models import BestKernel, Job, Measurement, Program, SearchShard, Structure, Trial
 from db.records import BestKernel as BestKernelRecord
@@ -17,6 +17,7 @@ from db.records import (
     HistoryEntry,
     JobRecord,
     MeasurementRecord,
+    ProgramSummary,
     StructureRecord,
     loads,
     shapes_key,
@@ -260,6 +261,41 @@ class Reads:
                          status=row.status, attempts=row.attempts,
                          started_at=utc(row.started_at), finished_at=utc(row.finished_at),
                          timings=loads(row.timings_json), resumed=row.attempts > 1)
+
+    def jobs(self) -> list[JobRecord]:
+        """Every job launched against this database, the most recently started first."""
+        with self._lookup.connect() as conn:
+            rows = conn.execute(select(Job.__table__).order_by(Job.started_at.desc(),
+                                                               Job.id.desc())).all()
+        return [JobRecord(id=r.id, job_key=r.job_key, job_path=r.job_path, status=r.status,
+                          attempts=r.attempts, started_at=utc(r.started_at),
+                          finished_at=utc(r.finished_at), timings=loads(r.timings_json),
+                          resumed=r.attempts > 1) for r in rows]
+
+    def programs(self) -> list[ProgramSummary]:
+        """Per program × shapes × dtype: structures, configs and timings stored, in order of
+        the program's first record."""
+        structures = (select(Structure.program_id, func.count().label("n"))
+                      .group_by(Structure.program_id).subquery())
+        measured = (select(Structure.program_id,
+                           func.count(func.distinct(Trial.id)).label("configs"),
+                           func.count(Measurement.id).label("timings"),
+                           func.sum(case((Measurement.status != "ok", 1), else_=0))
+                           .label("failed"),
+                           func.max(Measurement.measured_at).label("last"))
+                    .join(Trial, Trial.structure_id == Structure.id)
+                    .join(Measurement, Measurement.trial_id == Trial.id)
+                    .group_by(Structure.program_id).subquery())
+        stmt = (select(Program.id, Program.name, Program.program_hash, Program.shapes_key,
+                       Program.dtype, structures.c.n, measured.c.configs, measured.c.timings,
+                       measured.c.failed, measured.c.last)
+                .outerjoin(structures, structures.c.program_id == Program.id)
+                .outerjoin(measured, measured.c.program_id == Program.id)
+                .order_by(Program.id))
+        with self._lookup.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [ProgramSummary(r[0], r[1], r[2], r[3], r[4], int(r[5] or 0), int(r[6] or 0),
+                               int(r[7] or 0), int(r[8] or 0), utc(r[9])) for r in rows]
 
     def shard_results(self, job_id: int, prefix: str = "") -> dict[str, Any]:
         """Stats of the job's finished shards whose key starts with ``prefix``, by key."""

@@ -201,3 +201,19 @@ class HistoryEntry:
     message: str | None
     host: str
     measured_at: datetime
+
+
+@dataclass(frozen=True)
+class ProgramSummary:
+    """What the database holds for one program × shapes × dtype (``tuner status``)."""
+
+    program_id: int
+    name: str
+    program_hash: str
+    shapes_key: str
+    dtype: str
+    structures: int
+    configs: int  # trials: distinct structure × config × device
+    timings: int  # measurements, re-timings included
+    failed: int  # measurements whose status is not 'ok'
+    last_measured_at: datetime | None

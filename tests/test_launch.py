@@ -122,6 +122,18 @@ def check_job(url: str, tmp_path: Path) -> None:
     x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
     (out,) = kernel(x)
     np.testing.assert_allclose(out, np.exp(x) / np.exp(x).sum(1, keepdims=True), rtol=1e-4)
+    # `tuner status` reads the job and the program's progress back
+    res = run_cli("status", "--db", url, "--json")
+    assert res.returncode == 0, res.stderr
+    st = json.loads(res.stdout)
+    (job_row,) = st["jobs"]
+    assert job_row["status"] == "finished" and job_row["job_key"] == summary["job_key"]
+    (prog,) = st["programs"]
+    rows = history(url)
+    assert prog["name"] == "softmax_rows" and prog["shapes"] == {"X": [64, 64]}
+    assert prog["timings"] == len(rows) and prog["failed"] == 0
+    assert prog["configs"] == len({h.trial_id for h in rows}) == rep["trials"]
+    assert prog["best"][0]["time_s"] == best.time_s
     # a second launch of the same job measures nothing again and adds no rows
     before = counts(url)
     again = launch_ok(job, url)
@@ -145,6 +157,23 @@ def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
     studies = storage.get_all_studies()
     assert studies and all(s.study_name.startswith("softmax_rows:") for s in studies)
     assert any(storage.get_all_trials(s._study_id) for s in studies)
+
+
+def test_status_watch_repeats_until_interrupted(sqlite_url: str, tmp_path: Path) -> None:
+    assert run_cli("db", "upgrade", "--db", sqlite_url).returncode == 0
+    proc = subprocess.Popen([*TUNER, "status", "--db", sqlite_url, "--watch", "0.2"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = 0
+        deadline = time.time() + 60
+        while seen < 2 and time.time() < deadline:
+            line = proc.stdout.readline()
+            seen += "(every 0.2 s; Ctrl-C to stop)" in line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0, proc.stderr.read()
+        assert seen == 2
+    finally:
+        proc.kill()
 
 
 def test_launch_postgresql_end_to_end(pg_url: str, tmp_path: Path) -> None:

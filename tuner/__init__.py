@@ -2,13 +2,15 @@
 
 The Python face: build programs like Mirage (``new_kernel_graph``), load built-in or file
 programs, check equivalence of µGraphs, run a job file (``launch``) and get the best tuned
-kernel back from the database (``best`` for the record, ``load`` for a callable).
+kernel back from the database (``best`` for the record, ``load`` for a callable, ``status``
+for what a database holds).
 """
 
 from search import BlockGraph, KernelGraph, new_block_graph, new_kernel_graph
 
 from .api import list_programs, load_graph, load_program, program_graph, verify_files
 from .cached import best, load
+from .status import status
 
 
 def launch(path: str, **kwargs: object) -> object:
@@ -20,4 +22,4 @@ def launch(path: str, **kwargs: object) -> object:
 
 __all__ = ["BlockGraph", "KernelGraph", "best", "launch", "list_programs", "load",
            "load_graph", "load_program", "new_block_graph", "new_kernel_graph",
-           "program_graph", "verify_files"]
+           "program_graph", "status", "verify_files"]

@@ -1,4 +1,5 @@
-"""``tuner launch``, ``tuner best`` and ``tuner db upgrade``: jobs and the database."""
+"""``tuner launch``, ``tuner best``, ``tuner status`` and ``tuner db upgrade``: jobs and the
+database."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the record as JSON")
     p.add_argument("--source", action="store_true", help="print the kernel's source")
     p.set_defaults(func=cmd_best)
+
+    p = sub.add_parser("status", help="jobs, programs and best kernels in a database "
+                                      "(follow a running launch with --watch)")
+    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--json", action="store_true", help="print it as one JSON object")
+    p.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="print it again every SECONDS until Ctrl-C")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
@@ -181,6 +190,27 @@ def cmd_best(args: argparse.Namespace) -> int:
           f"{record.structure_hash[:16]}, config {cfg or '(none)'}\n"
           f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints it")
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import time
+
+    from .status import as_json, format_status, status
+
+    if args.watch is not None and not args.watch > 0:
+        raise InputError(f"--watch {args.watch:g}: give the seconds between updates, > 0")
+    while True:
+        st = status(args.db)
+        text = as_json(st) if args.json else format_status(st)
+        if args.watch is None:
+            print(text)
+            return 0
+        clear = "\033[2J\033[H" if sys.stdout.isatty() else ""
+        print(f"{clear}{text}\n(every {args.watch:g} s; Ctrl-C to stop)", flush=True)
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
