@@ -160,6 +160,11 @@ def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
 
 
 def test_status_watch_repeats_until_interrupted(sqlite_url: str, tmp_path: Path) -> None:
+    for bad, says in ((["--db", f"sqlite:///{tmp_path}/none.db"], "no database at"),
+                      (["--db", sqlite_url, "--watch", "0"], "--watch 0")):
+        res = run_cli("status", *bad)
+        assert res.returncode == 2 and says in res.stderr and len(res.stderr.splitlines()) == 1
+    assert not (tmp_path / "none.db").exists()
     assert run_cli("db", "upgrade", "--db", sqlite_url).returncode == 0
     proc = subprocess.Popen([*TUNER, "status", "--db", sqlite_url, "--watch", "0.2"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
