@@ -115,7 +115,7 @@ def check_job(url: str, tmp_path: Path) -> None:
                   "--json")
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
-    assert got["measurement_id"] == best.measurement_id
+    assert got["measurement_id"] == best.measurement_id and got["timings"] >= TIMINGS
     assert got["structure_hash"] == rep["best_structure"]
     # the stored kernel runs and computes softmax
     kernel = tuner.load("softmax_rows", {"rows": 64, "cols": 64}, url=url)

@@ -162,18 +162,22 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
+    import db
     from search.suite import load_program
 
     from .cached import best, launch_hint
 
     program = load_program(args.program, parse_pairs(args.set))
-    record = best(program, device=args.device, url=args.db)
-    if record is None:
-        raise InputError(launch_hint(program.name, program.inputs))
+    with db.connect(args.db, migrate_schema=False) as database:
+        record = best(program, device=args.device, database=database)
+        if record is None:
+            raise InputError(launch_hint(program.name, program.inputs))
+        timings = sum(m.status == "ok" for m in database.measurements(record.trial_id))
     if args.json:
         d = {k: getattr(record, k) for k in record.__dataclass_fields__ if k != "structure"}
         d["updated_at"] = record.updated_at.isoformat()
         d["speedup"] = record.speedup
+        d["timings"] = timings
         d["program"] = program.name
         if not args.source:
             d.pop("source")
@@ -186,7 +190,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     speed = f"{record.speedup:.2f}x over op-by-op" if record.speedup else "no baseline"
     shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in program.inputs.items())
     print(f"{program.name} ({shapes}, {record.dtype}) on {record.device_key}\n"
-          f"  best kernel: {record.time_s * 1e3:.3f} ms ({speed}); structure "
+          f"  best kernel: {record.time_s * 1e3:.3f} ms"
+          f"{f', median of {timings} timings' if timings > 1 else ''} ({speed}); structure "
           f"{record.structure_hash[:16]}, config {cfg or '(none)'}\n"
           f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints it")
     return 0
