@@ -242,7 +242,10 @@ def test_resume_without_earlier_run_is_refused(sqlite_url: str, tmp_path: Path) 
 
 
 def test_crashing_and_hanging_candidates_are_stored(sqlite_url: str, tmp_path: Path) -> None:
-    job = write_job(tmp_path, trials=5, structures=1, timeout=3)
+    # the slot's 2nd, 3rd and 4th trials; three studies, so that they are all study trials
+    # even when a study's roofline rule skips every config after its first (the confirmation
+    # re-runs, which would count too, come after the studies)
+    job = write_job(tmp_path, trials=5, structures=3, timeout=3)
     summary = launch_ok(job, sqlite_url, env={"TUNER_FAULT_TRIALS": "crash@2,hang@3,compile@4"})
     (rep,) = summary["programs"]
     assert rep["failures"] == {"runtime_error": 1, "timeout": 1, "compile_error": 1}
