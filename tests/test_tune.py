@@ -8,6 +8,7 @@ answered from a table of trial results, so each test knows exactly what was meas
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -158,6 +159,33 @@ def test_study_measures_each_config_once_and_keeps_the_best(tmp_path, rmsnorm_ma
     more = _runner(database, storage, pool, 16).run(task, key.program_hash)
     assert more.new == 4 and len({db.config_hash(c) for c in pool.measured}) == 4
     assert not {db.config_hash(c) for c in pool.measured} & set(hashes)
+    database.close()
+
+
+def test_the_roofline_skips_nothing_before_a_few_configs_are_measured(
+        tmp_path, rmsnorm_matmul, monkeypatch) -> None:
+    """When the default has the lowest estimate of the space and times far below it, one
+    timing calibrates the bound so that no other config looks able to win; the study still
+    measures SKIP_AFTER configs before it trusts the estimate's order (it used to measure one
+    config of a 5-trial study)."""
+    import tuner.tune as tune
+
+    _, _, structure = rmsnorm_matmul
+    space = config_space(structure, "cpu")
+    default = db.config_hash(space.default)
+    real = tune.estimate
+
+    def landscape(graph, config, device):  # the real estimate, the default's made lowest
+        e = real(graph, config, device)
+        scale = 1.0 if db.config_hash(dict(config)) == default else 1000.0
+        return replace(e, seconds=e.seconds * scale)
+
+    monkeypatch.setattr(tune, "estimate", landscape)
+    fast = {default: real(structure, space.default, "cpu").seconds / 100}
+    database, pool, task, storage, key = _setup(tmp_path, rmsnorm_matmul, times=fast)
+    out = _runner(database, storage, pool, 6).run(task, key.program_hash)
+    assert pool.measured[:tune.SKIP_AFTER] == warm_start(space)[:tune.SKIP_AFTER]
+    assert out.measured == tune.SKIP_AFTER and out.skipped > 0  # then the rule works
     database.close()
 
 

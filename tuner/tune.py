@@ -9,8 +9,9 @@ structure and device (a sampler proposing it twice, or a resumed study) is answe
 database and never measured twice, so no row is ever duplicated.
 
 The AStitch rule's config is enqueued as the first trial (then its one-parameter moves to the
-ends of each range, ``warm_start``); after that, a config whose roofline
-lower bound is slower than the best measured time cannot win and is skipped unmeasured.  The
+ends of each range, ``warm_start``); once ``SKIP_AFTER`` configs are measured, a config whose
+roofline lower bound is slower than the best measured time cannot win and is skipped
+unmeasured.  The
 bound is calibrated by the lowest measured/roofline ratio seen in the study: on a CPU a small
 working set lives in cache and runs faster than the DRAM roofline, which would otherwise skip
 configs that can win.
@@ -30,6 +31,10 @@ from kernels.space import ConfigSpace, estimate
 from search import KernelGraph
 
 MEASURED = db.MEASUREMENT_STATUSES
+# configs a study measures before its roofline rule may skip any: calibrated by one timing
+# faster than its estimate, the rule skipped every config whose estimate exceeded the
+# default's, and a 5-trial study measured one config
+SKIP_AFTER = 3
 
 
 @dataclass
@@ -207,7 +212,7 @@ class StudyRunner:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return
         bound = est.seconds * min(1.0, out.efficiency or 1.0)
-        if out.best_s is not None and bound > out.best_s:
+        if out.statuses["ok"] >= SKIP_AFTER and out.best_s is not None and bound > out.best_s:
             out.skipped += 1
             trial.set_user_attr("skipped", f"roofline {bound:.3g} s > best {out.best_s:.3g} s")
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
