@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import socket
+import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -330,9 +331,7 @@ class Database(Reads):
                 raise ValueError(f"no measurements of trial {trial_id}")
             if any(r.Measurement.status != "ok" for r in rows):
                 return None
-            times = sorted(r.Measurement.median_s for r in rows)
-            n = len(times)
-            confirmed = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
+            confirmed = statistics.median(r.Measurement.median_s for r in rows)
             last, program = rows[-1].Measurement, rows[-1].Program
             values = _best_row(last, rows[-1].structure_id, program, source, confirmed,
                                baseline)

@@ -189,6 +189,33 @@ def test_the_roofline_skips_nothing_before_a_few_configs_are_measured(
     database.close()
 
 
+def test_confirmation_replaces_a_lucky_first_timing(tmp_path, rmsnorm_matmul) -> None:
+    """The fastest first timing, slower on its re-runs, loses to the next config's steady
+    median; the best row says so, and confirming again re-times nothing."""
+    from tuner.confirm import TIMINGS, confirm
+
+    database, pool, task, storage, key = _setup(tmp_path, rmsnorm_matmul)
+    _runner(database, storage, pool, 8).run(task, key.program_hash)
+    ranked = sorted(pool.measured, key=lambda c: pool.table[db.config_hash(c)]["median_s"])
+    lucky, steady = (db.config_hash(c) for c in ranked[:2])
+    first_lucky = pool.table[lucky]["median_s"]
+    best = database.best_kernel(key.program_hash, key.shapes, key.dtype, "cpu:replay")
+    assert best.time_s == first_lucky
+    pool.table[lucky] = {**pool.table[lucky], "median_s": 10 * first_lucky}  # re-runs: slow
+    pid = database.program_id(key.program_hash, key.shapes, key.dtype)
+    out = confirm(database, pool, key, pid, 3, task.reference_obj, 1e-3)
+    assert out.candidates == 3 and out.new == 3 * (TIMINGS - 1)
+    assert out.first_s == first_lucky
+    best = database.best_kernel(key.program_hash, key.shapes, key.dtype, "cpu:replay")
+    assert best.config == pool.table[steady]["config"]
+    assert best.time_s == out.best_s == pool.table[steady]["median_s"] > first_lucky
+    assert best.baseline_s == 1e-3
+    again = confirm(database, pool, key, pid, 3, task.reference_obj, 1e-3)
+    assert again.new == 0 and again.best_trial == out.best_trial
+    assert confirm(database, pool, key, pid, 0, task.reference_obj, None).candidates == 0
+    database.close()
+
+
 def test_trials_left_running_by_a_kill_are_recovered(tmp_path, rmsnorm_matmul) -> None:
     database, pool, task, storage, key = _setup(tmp_path, rmsnorm_matmul)
     codec = Codec(task.space.params)
