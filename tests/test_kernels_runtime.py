@@ -319,3 +319,24 @@ def test_roofline_regimes():
     assert roofline(0, 0, 4, h100) == pytest.approx(4 * h100.launch_overhead_s)
     with pytest.raises(ValueError, match="bytes_moved"):
         roofline(-1, 0, 0, h100)
+
+
+def test_timing_waits_like_openmp_unless_the_cores_are_crowded(monkeypatch):
+    """Spin-then-sleep (OpenMP's default, what a deployed kernel gets) on a machine with room
+    for the kernel's threads; passive when other runnable threads crowd it; the caller's own
+    policy always wins."""
+    from kernels import measure as m
+
+    assert m.other_runnable(samples=2, interval_s=0.0) >= 0
+    for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(m, "other_runnable", lambda: 0.0)
+    assert m.default_env() == {}
+    monkeypatch.setattr(m, "other_runnable", lambda: float(cores + 2))
+    assert m.default_env() == {"OMP_WAIT_POLICY": "passive"}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    assert m.default_env() == {}
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert m.thread_env()["OMP_NUM_THREADS"] is None  # unset: every core, handed on as such
