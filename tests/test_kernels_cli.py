@@ -104,6 +104,11 @@ def test_codegen_structure_file_best_and_hash(capsys, tmp_path):
                           "--structure", ref_hash[:10], "--target", "cpp")
     assert code == 0 and ref_hash[:12] in err
     assert "predefined" in out  # the reference graph: predefined ops, several kernels
+    # a search made at other shapes is refused, not silently replaced by the reference
+    code, _, err = _run(capsys, "codegen", "softmax_rows", "--set", "rows=32", "--set",
+                        "cols=128", "--structures", str(search), "--target", "cpp")
+    assert code == 2 and "takes inputs of shapes [(64, 128)]" in _one_line_error(err,
+                                                                                   "codegen")
 
 
 def test_best_is_the_reference_when_it_beats_every_searched_structure(capsys, tmp_path):

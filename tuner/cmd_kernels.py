@@ -98,6 +98,7 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
         from kernels.space import rank_structures
 
         found = read_structures(structures)
+        _check_inputs(program, found[0]["graph"], structures)  # one search: one set of shapes
         graphs = [s["graph"] for s in found] + [program.build()]
         first = rank_structures(graphs, device)[0]
         if first == len(found):
