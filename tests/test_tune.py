@@ -209,6 +209,7 @@ def test_confirmation_replaces_a_lucky_first_timing(tmp_path, rmsnorm_matmul) ->
     best = database.best_kernel(key.program_hash, key.shapes, key.dtype, "cpu:replay")
     assert best.config == pool.table[steady]["config"]
     assert best.time_s == out.best_s == pool.table[steady]["median_s"] > first_lucky
+    assert out.best_timings == TIMINGS
     assert best.baseline_s == 1e-3
     again = confirm(database, pool, key, pid, 3, task.reference_obj, 1e-3)
     assert again.new == 0 and again.best_trial == out.best_trial

@@ -26,6 +26,7 @@ class ConfirmOutcome:
     new: int = 0  # re-runs measured by this run
     best_trial: int | None = None
     best_s: float | None = None  # the winner's median
+    best_timings: int = 0  # of how many timings
     first_s: float | None = None  # the fastest single first timing among the candidates
 
 
@@ -93,4 +94,5 @@ def confirm(database: db.Database, pool: Any, key: Any, program_id: int, top: in
         return out
     out.best_trial = winner
     out.best_s = database.confirm_best(winner, source, baseline_s)
+    out.best_timings = len(database.measurements(winner))
     return out
