@@ -49,7 +49,7 @@ def status(url: str | None = None, *, database: db.Database | None = None) -> St
     try:
         programs = [ProgramStatus(p, database.best_kernels(
             p.program_hash, json.loads(p.shapes_key), p.dtype)) for p in database.programs()]
-        shown = db.normalize_url(url).render_as_string(hide_password=True)
+        shown = db.normalize_url(database.url).render_as_string(hide_password=True)
         return Status(shown, database.jobs(), programs)
     finally:
         if own:
