@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo tour test lint bench clean
+.PHONY: demo tour test gpu-test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ tour: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# The cuda device on this machine's GPU: every test marked gpu (they skip, saying why, where
+# no GPU or no CuPy is usable), with each program's fused vs op-by-op CuPy times printed.
+gpu-test: $(STAMP)
+	$(BIN)/python -m pytest -m gpu -rs -s tests/test_gpu.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

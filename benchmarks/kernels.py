@@ -1,7 +1,11 @@
 """Fused C++ kernels vs op-by-op numpy on this CPU, with the issue's targets checked per row.
 
-    .venv/bin/python benchmarks/kernels.py [--threads N] [--structures DIR] [--budget S]
-                                           [--rounds N] [--only NAME ...] [--json]
+    .venv/bin/python benchmarks/kernels.py [--device cpu|cuda] [--threads N] [--structures DIR]
+                                           [--budget S] [--rounds N] [--only NAME ...] [--json]
+
+``--device cuda`` measures on the GPU instead: the fused CUDA kernel against the reference run
+op by op with CuPy in the program's dtype (cuBLAS for the matmuls), both timed with CUDA events
+in the isolated worker; bandwidth is judged against a device-to-device copy measured in the run.
 
 Rows: every suite program (search.suite.SUITE) at its default shapes, softmax_rows at the three
 AStitch mapping shapes, and rmsnorm_residual.  Each row builds the structure (hand-written, or
@@ -63,11 +67,11 @@ def flops(graph) -> int:
     return total
 
 
-def winner(structures: Path, name: str, program):
+def winner(structures: Path, name: str, program, device: str = "cpu"):
     """The structure of a search output in ``structures`` for ``name``, or the program as
-    written, with the fastest roofline estimate on this CPU (what ``tuner measure
+    written, with the fastest roofline estimate on ``device`` (what ``tuner measure
     --structure best`` and a launch's first study pick), or None."""
-    from kernels.space import rank_structures
+    from kernels import rank_structures
     from tuner.cmd_kernels import _check_inputs, read_structures
 
     candidates = [structures / f"{name}.json"] + sorted(structures.glob("*.json"))
@@ -86,27 +90,64 @@ def winner(structures: Path, name: str, program):
         except ValueError:
             continue  # found at other shapes
         graphs = [s["graph"] for s in found] + [program.build()]
-        first = rank_structures(graphs, "cpu")[0]
+        if device == "cuda":
+            from kernels import cuda_device_spec
+
+            device = cuda_device_spec()
+        first = rank_structures(graphs, device)[0]
         if first == len(found):
             return graphs[first], "reference (kernel per op)"
         return graphs[first], f"search {found[first]['hash'][:10]}"
     return None
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    from kernels.devices import _measure_copy_bandwidth, local_cpu_spec, measure_cpu_bandwidth
-    from kernels.isolate import IsolatedWorker
+def gpu_copy_gbs(nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Best device-to-device copy on the GPU in GB/s, bytes read + written (STREAM)."""
+    import cupy as cp
 
-    spec = local_cpu_spec()
-    bw = measure_cpu_bandwidth()
-    threads = args.threads or spec.sm_count
-    copy = bw["copy_1t_gbs"] if threads == 1 else bw["copy_gbs"]
-    balance = spec.peak_fp32_flops * threads / spec.sm_count / (copy * 1e9)
-    print(f"# {spec.name}, {spec.sm_count} cores, {threads} thread(s); copy bandwidth "
-          f"{copy:.1f} GB/s ({'one thread' if threads == 1 else 'all cores'}, measured "
-          f"{bw['measured_at']}); balance {balance:.1f} FLOP/B; load {os.getloadavg()[0]:.2f}",
-          file=sys.stderr)
-    now = [_measure_copy_bandwidth(256 << 20, 3, threads)]
+    src = cp.ones(nbytes // 4, cp.float32)
+    dst = cp.empty_like(src)
+    begin, end = cp.cuda.Event(), cp.cuda.Event()
+    best = float("inf")
+    for _ in range(repeats):
+        begin.record()
+        dst[...] = src
+        end.record()
+        end.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(begin, end) * 1e-3)
+    return 2 * nbytes / best / 1e9
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    from kernels import IsolatedWorker, local_cpu_spec
+    from kernels.hardware import measure_copy_bandwidth, measure_cpu_bandwidth
+
+    if args.device == "cuda":
+        from kernels import cuda_device_spec, device_key
+
+        spec = cuda_device_spec()
+        threads, copy = 0, gpu_copy_gbs()
+        balance = spec.peak_fp32_flops / (copy * 1e9)
+        print(f"# {device_key('cuda')}, {spec.sm_count} SMs; device-to-device copy {copy:.0f} "
+              f"GB/s (datasheet {spec.mem_bandwidth_gbs:.0f}); balance {balance:.1f} FLOP/B "
+              "(fp32 CUDA cores)", file=sys.stderr)
+
+        def measure_copy() -> float:
+            return gpu_copy_gbs()
+    else:
+        spec = local_cpu_spec()
+        bw = measure_cpu_bandwidth()
+        threads = args.threads or spec.sm_count
+        copy = bw["copy_1t_gbs"] if threads == 1 else bw["copy_gbs"]
+        balance = spec.peak_fp32_flops * threads / spec.sm_count / (copy * 1e9)
+        print(f"# {spec.name}, {spec.sm_count} cores, {threads} thread(s); copy bandwidth "
+              f"{copy:.1f} GB/s ({'one thread' if threads == 1 else 'all cores'}, measured "
+              f"{bw['measured_at']}); balance {balance:.1f} FLOP/B; load "
+              f"{os.getloadavg()[0]:.2f}", file=sys.stderr)
+
+        def measure_copy() -> float:
+            return measure_copy_bandwidth(256 << 20, 3, threads)
+    now = [measure_copy()]
     rows: dict[str, dict] = {}
     with IsolatedWorker() as worker:
         for rnd in range(args.rounds):
@@ -121,7 +162,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 print(f"# {label}: {row['status']} in {row['seconds']:.1f} s"
                       f"{f' (round {rnd + 1})' if args.rounds > 1 else ''}", file=sys.stderr)
     rows = [combine(r) for r in rows.values()]
-    now.append(_measure_copy_bandwidth(256 << 20, 3, threads))
+    now.append(measure_copy())
     print(f"# copy now: {now[0]:.1f} GB/s at the start, {now[1]:.1f} GB/s at the end",
           file=sys.stderr)
     for row in rows:
@@ -137,15 +178,16 @@ def run(args: argparse.Namespace) -> list[dict]:
 def measure_row(args: argparse.Namespace, worker, label: str, name: str, overrides: dict,
                 copy: float, balance: float) -> dict:
     """One row, both sides timed one after the other."""
-    from kernels.measure import measure_program
+    from kernels import measure_program
     from search.handwritten import handwritten
     from search.suite import load_program
 
     program = load_program(name, overrides)
-    found = winner(Path(args.structures), name, program) if args.structures else None
+    found = winner(Path(args.structures), name, program, args.device) \
+        if args.structures else None
     structure, source = found or (handwritten(program), "hand-written")
     t0 = time.perf_counter()
-    m = measure_program(program, structure, None, worker=worker,
+    m = measure_program(program, structure, None, device=args.device, worker=worker,
                         timing={"budget_s": args.budget})
     intensity = flops(program.build()) / max(1, m.bytes_moved or 1)
     return {"label": label, "name": name, "shapes": ", ".join(
@@ -182,8 +224,9 @@ def targets(row: dict, name: str) -> list[str]:
     return fails
 
 
-def table(rows: list[dict]) -> str:
-    head = ("| program | shapes | structure | fused ms | numpy ms | ratio | GB/s | of copy | "
+def table(rows: list[dict], device: str = "cpu") -> str:
+    base = "cupy ms" if device == "cuda" else "numpy ms"
+    head = (f"| program | shapes | structure | fused ms | {base} | ratio | GB/s | of copy | "
             "of copy now | bound | target |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
@@ -201,6 +244,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="the CPU (C++ vs numpy) or the GPU (CUDA vs CuPy op by op)")
     parser.add_argument("--threads", type=int, default=0,
                         help="threads for both sides (default: all cores)")
     parser.add_argument("--structures", metavar="DIR",
@@ -225,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--structures {args.structures}: not a directory")
     sys.path.insert(0, str(ROOT))
     rows = run(args)
-    print(json.dumps(rows, indent=2) if args.json else table(rows))
+    print(json.dumps(rows, indent=2) if args.json else table(rows, args.device))
     return 0 if all(not r["fails"] for r in rows) else 1
 
 

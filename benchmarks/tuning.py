@@ -32,13 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import db  # noqa: E402
 from cluster import ReplayPool  # noqa: E402
-from kernels.compile import compile_cpp  # noqa: E402
-from kernels.devices import device_key, local_cpu_spec  # noqa: E402
-from kernels.isolate import IsolatedWorker  # noqa: E402
-from kernels.lower import lower  # noqa: E402
-from kernels.render import render  # noqa: E402
-from kernels.space import config_space  # noqa: E402
-from kernels.trial import run_trial, time_baseline  # noqa: E402
+from kernels import (  # noqa: E402
+    IsolatedWorker,
+    compile_cpp,
+    config_space,
+    device_key,
+    get_device,
+    local_cpu_spec,
+    lower,
+    render,
+)
 from search.handwritten import handwritten  # noqa: E402
 from search.serialize import to_obj  # noqa: E402
 from search.suite import EXTRA, SUITE, load_program  # noqa: E402
@@ -87,7 +90,7 @@ def exhaustive(structure, reference, configs, log) -> dict[str, dict]:
                         <= RETIME_WITHIN * best]
             for i, config in enumerate(todo):
                 h = db.config_hash(config)
-                res = run_trial(structure, reference, config, "cpu", worker=worker)
+                res = get_device("cpu").run_trial(structure, reference, config, worker=worker)
                 res.pop("samples", None)
                 table.setdefault(h, res)
                 if res["status"] == "ok":
@@ -157,7 +160,7 @@ def bench_program(name: str, seeds: int, log, tables: Path | None = None) -> dic
     row = {"program": name, "shapes": {k: list(v) for k, v in program.inputs.items()},
            "space": len(configs), "ok": len(ok), "exhaustive_s": time.perf_counter() - t0,
            "best_ms": best * 1e3, "default_ms": default.get("median_s", float("nan")) * 1e3,
-           "baseline_ms": time_baseline(reference) * 1e3}
+           "baseline_ms": get_device("cpu").time_baseline(reference) * 1e3}
     for sampler in ("tpe", "random"):
         needed = []
         for seed in range(seeds):

@@ -9,74 +9,62 @@ trials and receives plain dicts; it alone writes the database (one writer).
 
 from __future__ import annotations
 
+import os
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Mapping
 
+from kernels import Device, DeviceSpec, IsolatedWorker, ReplayDevice, get_device, thread_env
 from search.serialize import from_obj
 
 
 class MeasureSlot:
-    """Runs trials and baselines for one device; lives in a Ray actor or in the driver.
+    """Runs trials and baselines on one device; lives in a Ray actor or in the driver.
 
-    ``env``: the thread-count variables of the process that runs the kernels later (the
-    launch's driver, ``kernels.measure.thread_env``; None values unset).  Ray starts an actor
-    that reserves no CPU with OMP_NUM_THREADS=1, which would time every cpu kernel and the
-    numpy baseline on one core while ``tuner.load`` runs them on all of them."""
+    ``device``: a device name (``cpu``, ``cuda``, ``cuda:N``: made in this process) or a
+    ``kernels.Device`` (a replay device, in the driver).  ``env``: the thread-count variables
+    of the process that runs the kernels later (the launch's driver,
+    ``kernels.thread_env``; None values unset).  Ray starts an actor that reserves no CPU with
+    OMP_NUM_THREADS=1, which would time every cpu kernel and the numpy baseline on one core
+    while ``tuner.load`` runs them on all of them."""
 
-    def __init__(self, device: str = "cpu", env: dict[str, str | None] | None = None) -> None:
-        import os
-
-        from kernels.isolate import IsolatedWorker
-
+    def __init__(self, device: str | Device = "cpu",
+                 env: dict[str, str | None] | None = None) -> None:
         for k, v in (env or {}).items():  # before the worker is spawned: it inherits them
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        self.device = device
+        self.device = get_device(device) if isinstance(device, str) else device
         self.worker = IsolatedWorker()
 
     def device_key(self) -> str:
-        from kernels.devices import device_key
+        return self.device.key
 
-        return device_key("cpu" if self.device == "cpu" else "cuda")
-
-    def spec(self) -> Any:
-        """This slot's kernels.DeviceSpec (limits and speeds, for the roofline)."""
-        if self.device == "cpu":
-            from kernels.devices import local_cpu_spec
-
-            return local_cpu_spec()
-        from kernels.devices import cuda_device_spec
-
-        return cuda_device_spec()
+    def spec(self) -> DeviceSpec:
+        """This slot's device limits and speeds (for the roofline)."""
+        return self.device.spec
 
     def trial(self, request: dict) -> dict:
         """``request``: structure, reference (canonical JSON objects), config, seed, timing,
-        timeout_s.  Returns kernels.trial.run_trial's dict with the request's ``tag``."""
-        from kernels.trial import run_trial
-
-        out = run_trial(from_obj(request["structure"]), from_obj(request["reference"]),
-                        request["config"], self.device, seed=request.get("seed", 0),
-                        timing=request.get("timing"), worker=self.worker,
-                        timeout_s=request.get("timeout_s", 60.0))
+        timeout_s.  Returns ``Device.run_trial``'s dict with the request's ``tag``."""
+        out = self.device.run_trial(
+            from_obj(request["structure"]), from_obj(request["reference"]), request["config"],
+            seed=request.get("seed", 0), timing=request.get("timing"), worker=self.worker,
+            timeout_s=request.get("timeout_s", 60.0))
         out["tag"] = request.get("tag")
         return out
 
     def baseline(self, request: dict) -> dict:
-        """Op-by-op time of the reference on this device (numpy on the cpu), timed in the
-        isolated worker: this process's numpy may have loaded before ``env`` was applied."""
-        from kernels.isolate import run_isolated
-
-        if self.device != "cpu":
-            return {"tag": request.get("tag"), "baseline_s": None}
-        res = run_isolated({"call": "kernels.trial:baseline_job", "timing": None,
-                            "args": {"reference": request["reference"],
-                                     "seed": request.get("seed", 0),
-                                     "baseline_timing": request.get("timing")}},
-                           request.get("timeout_s", 600.0), self.worker)
-        return {"tag": request.get("tag"), "baseline_s": res.payload.get("baseline_s"),
-                "status": res.status, "message": res.message}
+        """Op-by-op time of the reference on this device (numpy on a cpu, CuPy on a GPU),
+        timed in the isolated worker: this process's numpy may have loaded before ``env``."""
+        seconds = self.device.time_baseline(
+            from_obj(request["reference"]), seed=request.get("seed", 0),
+            timing=request.get("timing"), worker=self.worker,
+            timeout_s=request.get("timeout_s", 600.0))
+        return {"tag": request.get("tag"), "baseline_s": seconds,
+                "status": "ok" if seconds is not None else "runtime_error",
+                "message": "" if seconds is not None else
+                f"the op-by-op baseline could not be timed on {self.device.key}"}
 
     def close(self) -> None:
         self.worker.close()
@@ -88,8 +76,6 @@ class SlotPool:
 
     def __init__(self, device: str = "cpu", slots: int = 1) -> None:
         import ray
-
-        from kernels.measure import thread_env
 
         self.ray = ray
         self.device = device
@@ -137,19 +123,13 @@ class SlotPool:
         self.slots, self.free = [], []
 
 
-class ReplayPool:
-    """A pool that answers trials from timings recorded earlier (Kernel Tuner's simulation
-    mode): the same study driver runs against it, no kernel is built, so search strategies
-    can be compared on one fixed table of real measurements.
+class LocalPool:
+    """One slot in the driver's own process, the face of ``SlotPool`` without Ray: requests
+    run one at a time when their result is asked for."""
 
-    ``table`` maps ``db.config_hash``-style keys (from ``key_of(config)``) to trial results
-    (the dicts ``kernels.trial.run_trial`` returns); a config missing from it is 'invalid'.
-    """
-
-    def __init__(self, table: dict[str, dict], key_of: Any, device_key: str, spec: Any,
-                 baseline_s: float | None = None) -> None:
-        self.table, self.key_of = table, key_of
-        self.key, self.spec, self.baseline_s = device_key, spec, baseline_s
+    def __init__(self, slot: MeasureSlot) -> None:
+        self.slot = slot
+        self.key, self.spec = slot.device_key(), slot.spec()
         self._pending: deque = deque()
 
     @property
@@ -163,13 +143,22 @@ class ReplayPool:
         if not self._pending:
             return None
         method, request = self._pending.popleft()
-        if method == "baseline":
-            return {"tag": request.get("tag"), "baseline_s": self.baseline_s}
-        found = self.table.get(self.key_of(request["config"]))
-        if found is None:
-            return {"tag": request.get("tag"), "status": "invalid", "config": request["config"],
-                    "message": "not in the replayed table", "source": None}
-        return {**found, "tag": request.get("tag")}
+        return getattr(self.slot, method)(request)
 
     def close(self) -> None:
         self._pending.clear()
+        self.slot.close()
+
+
+class ReplayPool(LocalPool):
+    """A pool that answers trials from timings recorded earlier (Kernel Tuner's simulation
+    mode, ``kernels.ReplayDevice``): the same study driver runs against it, no kernel is
+    built, so search strategies can be compared on one fixed table of real measurements.
+
+    ``table`` maps ``key_of(config)`` keys (e.g. ``db.config_hash``) to recorded trial results
+    (the dicts ``Device.run_trial`` returns); a config missing from it is 'invalid'."""
+
+    def __init__(self, table: dict[str, dict], key_of: Callable[[Mapping[str, int]], str],
+                 device_key: str, spec: DeviceSpec, baseline_s: float | None = None) -> None:
+        super().__init__(MeasureSlot(ReplayDevice(table, key_of, device_key, spec, baseline_s)))
+        self.table = table

@@ -1,27 +1,41 @@
-"""Lowering µGraphs to kernel plans, rendering CUDA / C++, devices, compiling and timing.
+"""Kernels: from a µGraph to a measured kernel, in three rooms.
 
-Names are resolved lazily: the isolated measurement worker imports this package on every
-start, and should not pay for the IR and the verifier it does not use.
+- ``lowering/``: a structure + config → a ``KernelPlan`` for a device (AStitch memory levels,
+  thread mapping, every decision that changes the code);
+- ``rendering/``: a plan → CUDA or C++/OpenMP source (one printer, two dialects, syntax only);
+- ``devices/``: a plan + source → a built, checked and timed kernel (``cpu``, ``cuda``,
+  ``replay`` behind one ``Device`` interface).
+
+Beside them: ``hardware`` (the device table: limits, speeds, device keys), ``configspace``
+(what a tuner may set, and roofline estimates) and ``speedup`` (fused vs op by op).
+
+Names resolve lazily: the isolated measurement worker imports this package on every start, and
+should not pay for the IR and the verifier it does not use.
 """
 
 from importlib import import_module
 
 _EXPORTS = {
-    "lower": "lower", "KernelPlan": "plan", "Level": "plan",
-    "render": "render", "build_cpu": "build", "check_plan": "build", "CpuKernel": "build",
-    "BuildResult": "build", "tolerance": "build",
-    "default_config": "mapping", "astitch_rule": "mapping",
-    "measure_program": "measure", "Measurement": "measure",
-    "DeviceSpec": "devices", "GPU_SPECS": "devices", "get_spec": "devices",
-    "local_cpu_spec": "devices", "cuda_device_spec": "devices", "device_key": "devices",
-    "cuda_available": "devices", "roofline": "devices", "cache_root": "devices",
-    "compile_cpp": "compile", "CompileError": "compile", "nvcc_check": "compile",
-    "nvcc_available": "compile", "NvccReport": "compile", "KernelResources": "compile",
-    "build_cuda": "cuda", "measure_program_cuda": "cuda", "CudaUnavailable": "cuda",
-    "CudaKernel": "cuda", "launches": "cuda", "default_env": "measure",
-    "run_isolated": "isolate", "IsolatedWorker": "isolate", "RunResult": "isolate",
-    "STATUSES": "isolate", "measure": "timing", "Timing": "timing",
-    "config_space": "space", "estimate": "space", "rank_structures": "space",
+    # lowering
+    "lower": "lowering", "concretize": "lowering", "KernelPlan": "lowering", "Level": "lowering",
+    "default_config": "lowering", "astitch_rule": "lowering", "KNOBS": "lowering",
+    # rendering
+    "render": "rendering",
+    # devices
+    "Device": "devices", "DeviceUnavailable": "devices", "Execution": "devices",
+    "get_device": "devices", "ReplayDevice": "devices", "IsolatedWorker": "devices",
+    "RunResult": "devices", "run_isolated": "devices", "STATUSES": "devices",
+    "Timing": "devices", "measure": "devices", "compile_cpp": "devices",
+    "CompileError": "devices", "nvcc_check": "devices", "nvcc_available": "devices",
+    "random_inputs": "devices", "tolerance": "devices", "thread_env": "devices",
+    # the device table
+    "DeviceSpec": "hardware", "GPU_SPECS": "hardware", "get_spec": "hardware",
+    "local_cpu_spec": "hardware", "cuda_device_spec": "hardware", "device_key": "hardware",
+    "cuda_available": "hardware", "roofline": "hardware", "cache_root": "hardware",
+    # tuning helpers
+    "ConfigSpace": "configspace", "config_space": "configspace", "estimate": "configspace",
+    "rank_structures": "configspace", "legal": "configspace",
+    "measure_program": "speedup", "Measurement": "speedup", "format_table": "speedup",
 }
 
 __all__ = sorted(_EXPORTS)

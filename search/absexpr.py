@@ -15,9 +15,10 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import egglog.bindings as egg
+if TYPE_CHECKING:
+    import egglog.bindings as egg
 
 from .dimclass import dim_classes, out_classes
 from .graph import BlockGraph, Graph, KernelGraph
@@ -101,6 +102,8 @@ def saturate(outputs: Iterable[Expr], *, max_nodes: int = 50_000, max_iterations
              time_limit_s: float = 20.0) -> SaturatedTarget:
     """Saturate the target expressions under the axioms (bounded; ``saturated`` says if the
     fixpoint was reached — if not, pruning may lose structures and the stats report it)."""
+    import egglog.bindings as egg  # only the search saturates: lowering and devices need no egglog
+
     start = time.perf_counter()
     eg = egg.EGraph()
     decl = ["(datatype M (Var String) (Cst String) (Add M M) (Mul M M) (Div M M) (Sum String M)"

@@ -9,13 +9,19 @@ import re
 
 import numpy as np
 import pytest
+from support import build_cpu
 
-from kernels.build import build_cpu
-from kernels.cuda import CudaUnavailable, build_cuda, launches, measure_program_cuda
-from kernels.devices import cuda_available
-from kernels.isolate import IsolatedWorker, run_isolated
-from kernels.lower import lower
-from kernels.render import render
+from kernels import (
+    DeviceUnavailable,
+    IsolatedWorker,
+    cuda_available,
+    get_device,
+    lower,
+    measure_program,
+    render,
+    run_isolated,
+)
+from kernels.devices import launches
 from search import structural_hash, to_json
 from search.handwritten import handwritten
 from search.serialize import to_obj
@@ -55,7 +61,7 @@ def test_codegen_cuda_prints_global_kernels_and_launches(capsys):
                         "--set", "V=2x64x16", "--config", "F=4", "--target", "cuda")
     assert code == 0
     assert re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\) gqa_k0\(', out)
-    assert "float* __restrict__ ws, unsigned int* __restrict__ bar" in out
+    assert "float* ws, unsigned int* bar" in out  # shared by the threads: not restrict
     assert re.search(r"//   gqa_k0<<<\d+, \d+>>>\(in_Q, in_K, in_V, out_\w+, ws, bar\)", out)
 
 
@@ -112,12 +118,12 @@ def test_codegen_structure_file_best_and_hash(capsys, tmp_path):
 
 
 def test_best_is_the_reference_when_it_beats_every_searched_structure(capsys, tmp_path):
-    from test_tune import _mha_structure
+    from support import mha_structure
 
     from search.serialize import from_obj
 
     # mha's structure with the grid over V's columns: every block recomputes Q·K and exp
-    slow = from_obj(_mha_structure("columns", heads=4, rows=16, dim=64, seq=512))
+    slow = from_obj(mha_structure("columns", heads=4, rows=16, dim=64, seq=512))
     search = tmp_path / "search.json"
     search.write_text(json.dumps({"program": "mha", "structures": [
         {"graph": to_obj(slow), "hash": structural_hash(slow)}]}))
@@ -187,14 +193,14 @@ def test_measure_device_cuda_without_gpu_exits_2(capsys):
 @pytest.mark.skipif(GPU, reason="this machine has a GPU: the unavailable path cannot happen")
 def test_cuda_device_reports_itself_unavailable():
     program = load_program("softmax_rows", {"rows": 64, "cols": 128})
-    for call in (lambda: build_cuda(handwritten(program)),
-                 lambda: measure_program_cuda(program)):
-        with pytest.raises(CudaUnavailable) as info:
+    for call in (lambda: get_device("cuda"), lambda: get_device("cuda:1"),
+                 lambda: measure_program(program, device="cuda")):
+        with pytest.raises(DeviceUnavailable) as info:
             call()
         assert "\n" not in str(info.value) and "unavailable" in str(info.value)
     # the worker-side entry point says so as a status, through the isolated worker
     x = np.ones((4, 4), np.float32)
-    res = run_isolated({"call": "kernels.cuda:worker_job", "args": {"plan": None},
+    res = run_isolated({"call": "kernels.devices._cuda:worker_job", "args": {"plan": None},
                         "inputs": [x], "outputs": [(4, 4)], "timing": None}, 60)
     assert res.status == "runtime_error" and "unavailable" in res.message
 
@@ -248,12 +254,18 @@ def test_softmax_rows_walk_rows_once_with_a_reciprocal():
 
 
 def test_short_rows_of_a_big_input_are_prefetched_ahead():
-    from kernels.devices import _cache_bytes
-    from kernels.render import PREFETCH_MIN_L2S
+    """Rows of 32 of an input of at least 8 L2 caches stream from memory: the schedule
+    prefetches them; a smaller input (or a bigger L2) gets no prefetch."""
+    from dataclasses import replace
 
-    big = PREFETCH_MIN_L2S * _cache_bytes(2, 1 << 20) // (32 * 4) + 64
-    for rows, expect in ((big, True), (256, False)):
-        program = load_program("softmax_rows", {"rows": rows, "cols": 32})
-        res = build_cpu(handwritten(program), name="sm")
+    from kernels import local_cpu_spec
+
+    program = load_program("softmax_rows", {"rows": 512, "cols": 32})  # a 64 KB input
+    for l2, expect in ((4 << 10, True), (1 << 20, False)):
+        spec = replace(local_cpu_spec(), l2_bytes=l2)
+        plan = lower(handwritten(program), None, spec, "sm")
+        assert any(lp.prefetch for k in plan.kernels for ph in k.phases for lp in ph.loops) \
+            == expect
+        res = get_device("cpu").check(plan, program.build())
         assert res.status == "ok", res.message
-        assert ("__builtin_prefetch(in_X" in res.source) == expect, rows
+        assert ("__builtin_prefetch(in_X" in res.source) == expect, l2

@@ -1,19 +1,22 @@
 """The C++ dialect's CPU-only code paths: the polynomial exp, lane-partial sums of short rows
 and output rows streamed with non-temporal stores, each checked against numpy / the float
-reference (outputs are NaN-filled, so a column the streamed copy skipped is caught)."""
+reference (outputs are NaN-filled, so a column the streamed copy skipped is caught), and the
+exp loops vectorised for every x86 ISA level we may run on."""
 
 from __future__ import annotations
 
 import ctypes
+import platform
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
+from support import build_cpu
 
-import kernels.render as render_mod
-from kernels.build import build_cpu
-from kernels.compile import compile_cpp
-from kernels.cpp_prelude import EXP_F
-from kernels.isolate import IsolatedWorker
+from kernels import IsolatedWorker, compile_cpp, lower, render
+from kernels.rendering._cpp_prelude import EXP_F
 from search.handwritten import handwritten
 from search.suite import load_program
 
@@ -73,13 +76,15 @@ def test_short_rows_sum_lane_partials_and_match(cols, worker):
 
 
 @pytest.mark.parametrize("rows, cols", [(64, 32), (48, 40), (8, 1000), (4, 20000)])
-def test_streamed_output_rows_match_whatever_their_alignment(rows, cols, worker, monkeypatch):
+def test_streamed_output_rows_match_whatever_their_alignment(rows, cols, worker):
     """Rows of 40 or 1000 floats start off 64-byte lines, so the head and tail of the
-    streamed copy are ordinary stores; 20000 exceeds the row buffer limit (no streaming)."""
-    monkeypatch.setattr(render_mod, "_cache_bytes", lambda level, default: 0)
-    res = build_cpu(softmax(rows, cols), name="softmax_rows", worker=worker)
+    streamed copy are ordinary stores; 20000 exceeds the row buffer limit (no streaming).
+    ``stream=1`` asks for streaming whatever the cache sizes."""
+    from kernels.lowering._schedule import STREAM_ROW_MAX
+
+    res = build_cpu(softmax(rows, cols), {"stream": 1}, name="softmax_rows", worker=worker)
     assert res.status == "ok", res.message
-    streamed = cols <= render_mod.STREAM_ROW_MAX
+    streamed = cols <= STREAM_ROW_MAX
     assert ("stream_row(out_" in res.source) == streamed
     assert ("stream_fence();" in res.source) == streamed
 
@@ -88,3 +93,28 @@ def test_small_kernels_do_not_stream(worker):
     res = build_cpu(softmax(64, 256), name="softmax_rows", worker=worker)
     assert res.status == "ok", res.message
     assert "stream_row" not in res.source
+
+
+X86_LEVELS = ["x86-64-v2", "x86-64-v3", "x86-64-v4"]  # SSE4.2, AVX2 + FMA, AVX-512
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("objdump") is None,
+                    reason="x86-64 with binutils' objdump only")
+@pytest.mark.parametrize("march", X86_LEVELS)
+@pytest.mark.parametrize("name", ["softmax_rows", "gated_mlp"])
+def test_exp_loops_vectorise_on_every_x86_level(name, march, tmp_path):
+    """The generated kernels' exp (softmax) and silu (gated_mlp) loops compile to packed
+    arithmetic for SSE4.2, AVX2 and AVX-512 alike.  exp_f once ended with a NaN test that GCC
+    turned into a branch (`jp`), and the whole loop stayed scalar without AVX-512 masks."""
+    program = load_program(name, {"X": "64x256"} if name == "softmax_rows" else
+                           {"X": "8x256", "W1": "256x256", "W2": "256x256"})
+    source = render(lower(handwritten(program), None, "cpu", name), "cpp")
+    (tmp_path / "k.cpp").write_text(source)
+    subprocess.run(["g++", "-O3", f"-march={march}", "-fopenmp", "-fPIC", "-c", "k.cpp"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "k.o"], cwd=tmp_path,
+                         check=True, capture_output=True, text=True).stdout
+    ops = re.findall(r"^\s*[0-9a-f]+:\s+(\S+)", asm, re.M)
+    packed = [op for op in ops if re.fullmatch(r"v?(mul|add|sub)ps|vfn?m(add|sub)\d+ps", op)]
+    assert "jp" not in ops, f"{march}: a NaN branch in the loops"
+    assert len(packed) >= 8, f"{march}: {len(packed)} packed float ops (the exp polynomial has 8)"

@@ -15,19 +15,25 @@ import os
 
 import numpy as np
 import pytest
+from support import build_cpu, check_plan, small_config
 
-from kernels.build import CpuKernel, build_cpu, check_plan, reference, tolerance
-from kernels.compile import nvcc_available, nvcc_check
-from kernels.devices import get_spec
-from kernels.isolate import IsolatedWorker
-from kernels.lower import concretize, lower
-from kernels.mapping import astitch_rule, blocks_per_wave, default_config
-from kernels.plan import Buffer, Level
-from kernels.render import CppDialect, render
-from kernels.stitch import plan_shared
+from kernels import IsolatedWorker, get_spec, nvcc_available, nvcc_check, render
+from kernels.devices import CpuKernel, reference, tolerance
+from kernels.lowering import (
+    Buffer,
+    Level,
+    astitch_rule,
+    blocks_per_wave,
+    concretize,
+    default_config,
+    lower,
+    plan_shared,
+)
+from kernels.rendering import CppDialect
 from search import ShapeError
 from search.handwritten import handwritten
 from search.suite import builtin_names, load_program, small_instance
+from verifier import FloatArith, run
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +51,6 @@ def worker():
 def structure(name: str, **shapes: str):
     return handwritten(load_program(name, shapes) if shapes else small_instance(
         load_program(name)))
-
-
-def small_config(g) -> dict[str, int]:
-    """Every symbol at 2 where that divides, else 1: several blocks and loop iterations."""
-    cfg = {}
-    for s in sorted(g.symbols()):
-        try:
-            g.bind({**{t: 1 for t in g.symbols()}, **cfg, s: 2})
-            cfg[s] = 2
-        except ShapeError:
-            cfg[s] = 1
-    return cfg
 
 
 def softmax(rows: int, cols: int):
@@ -107,7 +101,7 @@ def test_in_process_cpu_kernel_agrees(worker):
     g = structure("rmsnorm_residual")
     res = build_cpu(g, {"g0": 4}, worker=worker)
     assert res.ok
-    k = CpuKernel(res.plan, res.library)
+    k = CpuKernel(res.plan, res.artifact)
     x, r = (np.random.default_rng(1).standard_normal((16, 16)).astype(np.float32)
             for _ in range(2))
     got = k(x, r)
@@ -285,6 +279,35 @@ def test_cuda_compiles_without_spills_within_shared_memory(device):
             assert res.smem_bytes == -(-k.smem_bytes // 4) * 4 <= spec.smem_per_block_default
 
 
+@pytest.mark.skipif(not nvcc_available(), reason="nvcc not on this machine")
+def test_cuda_reads_a_row_sum_kept_in_global_only_after_the_barrier(tmp_path):
+    """Found on an H100: with the row sum in Global (smem_kb=0) and __restrict__ on the
+    workspace, nvcc loaded the sum above the __syncthreads() after lane 0 stored it, and every
+    softmax row read zero.  In the PTX, the load must follow the store and a bar.sync."""
+    import re
+    import subprocess
+
+    from kernels.devices import find_nvcc
+
+    config = {"g0": 4096, "split": 1, "block": 128, "lanes": 128, "smem_kb": 0}
+    plan = lower(handwritten(load_program("softmax_rows")), config, "H100", "rowsum")
+    assert plan.workspace_floats > 0
+    source = render(plan, "cuda")
+    assert "float* __restrict__ b_" not in source and "float* __restrict__ ws" not in source
+    (tmp_path / "k.cu").write_text(source)
+    subprocess.run([find_nvcc(), "-arch=sm_90", "-ptx", "k.cu", "-o", "k.ptx"], check=True,
+                   cwd=tmp_path, capture_output=True)
+    ptx = (tmp_path / "k.ptx").read_text().splitlines()
+    # the row sum lives at ws + 4096 * 1024 floats: byte offset 16777216 from the block's base
+    at = [i for i, line in enumerate(ptx) if re.search(r"\+16777216\]", line)]
+    stores = [i for i in at if "st.global" in ptx[i]]
+    loads = [i for i in at if "ld.global" in ptx[i]]
+    assert stores and loads, "\n".join(ptx[i] for i in at)
+    for load in loads:
+        assert any(s < b < load for s in stores for b in range(len(ptx))
+                   if "bar.sync" in ptx[b]), ptx[load]
+
+
 # ---------------------------------------------------------------- readable output
 
 
@@ -392,7 +415,7 @@ def test_gpu_thread_mapping_emulated_on_cpu(name, shapes, config, worker):
 
 
 def test_measure_program_times_both_sides_on_the_same_inputs(worker):
-    from kernels.measure import baseline, format_table, measure_program
+    from kernels import format_table, measure_program
 
     program = load_program("softmax_rows", {"X": "64x256"})
     m = measure_program(program, config={"g0": 8}, worker=worker,
@@ -404,13 +427,13 @@ def test_measure_program_times_both_sides_on_the_same_inputs(worker):
     assert m.max_error < 1e-5 and m.config["g0"] == 8
     assert "| softmax_rows | ok |" in format_table([m])
     x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
-    (got,) = baseline(program.build(), [x])()
+    (got,) = run(program.build(), [x], FloatArith())  # what the cpu's baseline job times
     assert got.dtype == np.float32  # op by op in float32, like an unfused framework
     np.testing.assert_allclose(got, reference(program.build(), [x])[0], rtol=1e-5)
 
 
 def test_measure_covers_multi_kernel_plans(worker):
-    from kernels.measure import measure_program
+    from kernels import measure_program
 
     program = load_program("softmax_rows", {"X": "64x256"})
     m = measure_program(program, config={"g0": 8, "split": 2, "vpack": 1}, worker=worker,

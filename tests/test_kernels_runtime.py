@@ -14,18 +14,23 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from kernels import devices
-from kernels.compile import CompileError, compile_cpp, normalize_arch, nvcc_available, nvcc_check
-from kernels.devices import (
+from kernels import (
     GPU_SPECS,
+    CompileError,
+    IsolatedWorker,
+    compile_cpp,
     cuda_available,
     device_key,
     get_spec,
     local_cpu_spec,
+    measure,
+    nvcc_available,
+    nvcc_check,
     roofline,
+    run_isolated,
 )
-from kernels.isolate import IsolatedWorker, run_isolated
-from kernels.timing import measure
+from kernels import hardware as devices
+from kernels.devices._compile import normalize_arch
 
 N = 1 << 16
 ADD = r"""
@@ -245,17 +250,19 @@ def test_timing_busy_loop_is_stable():
 
 
 def test_timing_sleep_and_tiny_callables():
+    """Ratios with wide margins: a shared 2-core machine can stretch any one figure."""
     t = measure(lambda: time.sleep(0.001), budget_s=1.0)
-    assert 0.001 <= t.median_s < 0.005
+    assert t.median_s >= 0.001  # a sleep is never shorter than asked
     tiny = measure(lambda: None, budget_s=0.3)
-    assert tiny.calls_per_sample > 1 and tiny.median_s < 2e-6
+    assert tiny.calls_per_sample > 1  # batched: one call is below the clock's resolution
+    assert tiny.median_s < t.median_s / 50
 
 
 def test_timing_adapts_to_noise_and_respects_budget():
     rng = random.Random(1)
     t = measure(lambda: _busy(rng.uniform(0.0005, 0.0015)), min_repeats=5, budget_s=0.3)
     assert len(t.samples_s) > 20  # noise needs many more samples than a steady loop
-    assert t.total_s < 0.45
+    assert t.total_s < 0.3 + 5 * max(t.samples_s)  # stops within a few samples of the budget
     with pytest.raises(ValueError, match="min_repeats"):
         measure(lambda: None, min_repeats=0)
 
@@ -282,18 +289,19 @@ def test_cpu_device_key_names_model_and_cores():
         device_key("tpu")
 
 
-def test_local_cpu_bandwidth_measured_once_and_cached():
-    t0 = time.perf_counter()
+def test_local_cpu_bandwidth_measured_once_and_cached(monkeypatch):
     spec = local_cpu_spec(size_mb=32)
-    first = time.perf_counter() - t0
     assert spec.kind == "cpu" and 1.0 < spec.mem_bandwidth_gbs < 2000
     table = json.loads((devices.cache_root() / "cpu_bandwidth.json").read_text())
     assert table[device_key("cpu")]["copy_gbs"] == spec.mem_bandwidth_gbs
     devices._local_cpu_spec_cached.cache_clear()  # next call must come from the disk cache
-    t0 = time.perf_counter()
+
+    def measure_again(*args):
+        raise AssertionError("the bandwidth was measured again instead of read from the cache")
+
+    monkeypatch.setattr(devices, "measure_copy_bandwidth", measure_again)
     again = local_cpu_spec(size_mb=32)
     assert again.mem_bandwidth_gbs == spec.mem_bandwidth_gbs
-    assert time.perf_counter() - t0 < first / 5
 
 
 def test_gpu_spec_table_and_name_matching():
@@ -325,9 +333,7 @@ def test_timing_waits_like_openmp_unless_the_cores_are_crowded(monkeypatch):
     """Spin-then-sleep (OpenMP's default, what a deployed kernel gets) on a machine with room
     for the kernel's threads; passive when other runnable threads crowd it; the caller's own
     policy always wins."""
-    import importlib
-
-    m = importlib.import_module("kernels.measure")  # the module (kernels.measure is timing's)
+    import kernels.devices._cpu as m
     assert m.other_runnable(samples=2, interval_s=0.0) >= 0
     for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         monkeypatch.delenv(var, raising=False)

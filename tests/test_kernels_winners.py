@@ -16,15 +16,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from support import build_cpu, small_config
 
 from cluster import LocalExecutor, search_program
-from kernels.build import build_cpu
-from kernels.compile import nvcc_available, nvcc_check
-from kernels.devices import get_spec
-from kernels.lower import lower
-from kernels.mapping import default_config
-from kernels.render import render
-from search import KernelGraph, ShapeError
+from kernels import default_config, get_spec, lower, nvcc_available, nvcc_check, render
+from search import KernelGraph
 from search.enumerate import Limits
 from search.serialize import from_obj
 from search.suite import SUITE, load_program, small_instance
@@ -69,22 +65,10 @@ def winners():
 
 @pytest.fixture(scope="module")
 def worker():
-    from kernels.isolate import IsolatedWorker
+    from kernels import IsolatedWorker
 
     with IsolatedWorker() as w:
         yield w
-
-
-def small_config(g: KernelGraph) -> dict[str, int]:
-    """Every symbol at 2 where that divides the shapes, else 1: several blocks and iterations."""
-    cfg: dict[str, int] = {}
-    for s in sorted(g.symbols()):
-        try:
-            g.bind({**{t: 1 for t in g.symbols()}, **cfg, s: 2})
-            cfg[s] = 2
-        except ShapeError:
-            cfg[s] = 1
-    return cfg
 
 
 @pytest.mark.parametrize("case", PARAMS)

@@ -278,7 +278,7 @@ def test_malformed_jobs_exit_2_and_leave_the_database_unchanged(
     extra = [("programs: [lora]\n", ["--resume"], "--resume: no earlier run"),
              ("programs: [lora]\n", ["--db", "oracle://x/y"], "database URL")]
     cases = [(text, [], key) for text, _, key, _ in MALFORMED] + extra
-    from kernels.devices import cuda_available
+    from kernels import cuda_available
 
     if not cuda_available()[0]:
         cases.append(("programs: [lora]\ndevices: [cuda]\n", [], "cuda device is unavailable"))
@@ -340,7 +340,7 @@ def test_a_cpu_slot_times_with_the_drivers_threads() -> None:
     import ray
 
     from cluster import SlotPool, start_ray, stop_ray
-    from kernels.isolate import run_isolated
+    from kernels import run_isolated
     from search.serialize import to_obj
     from search.suite import load_program
 

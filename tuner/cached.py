@@ -45,7 +45,7 @@ def resolve_device_key(device: str | None) -> str | None:
         return None
     if device == "cpu" or device == "cuda" or (device.startswith("cuda:")
                                                 and device[5:].isdigit()):
-        from kernels.devices import device_key
+        from kernels import device_key
 
         kind, _, index = device.partition(":")
         return device_key(kind, int(index or 0))
@@ -94,27 +94,9 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
 
 def kernel_from_record(record: db.BestKernel, name: str = "kernel") -> Callable[..., list]:
     """Compile a best-kernel record's stored source for its device and wrap it."""
-    from kernels.lower import lower
+    from kernels import get_device
 
     structure = from_obj(record.structure)
     config = {k: int(v) for k, v in (record.config or {}).items()}
-    if record.device_key.startswith("cpu"):
-        from kernels.build import CpuKernel
-        from kernels.compile import compile_cpp
-
-        plan = lower(structure, config, "cpu", name)
-        return CpuKernel(plan, compile_cpp(record.source))
-    from kernels.cuda import CudaKernel, cuda_device_spec, require_cuda
-
-    require_cuda()
-    plan = lower(structure, config, cuda_device_spec(), name)
-    kernel = CudaKernel(plan, record.source)
-
-    def call(*inputs: Any) -> list:
-        import cupy
-
-        outs = [cupy.empty(b.shape, cupy.float32) for b in plan.outputs]
-        kernel(list(inputs), outs)
-        return outs
-
-    return call
+    device = get_device("cpu" if record.device_key.startswith("cpu") else "cuda")
+    return device.load(device.lower(structure, config, name), record.source)

@@ -5,7 +5,7 @@ search output given with ``--structures FILE`` (the hand-written structure when 
 given), ``handwritten`` the expert's structure, a hex prefix looks a structure hash up in the
 search output, anything else is a µGraph JSON file or a search output file.  A config binds
 the structure's symbols; whatever it leaves out comes from the AStitch default
-(``kernels.mapping.default_config``), and the config actually used is reported on stderr.
+(``kernels.default_config``), and the config actually used is reported on stderr.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
     if choice == "handwritten" or (choice == "best" and not structures):
         return hand(), f"hand-written structure of {program.name}"
     if choice == "best":
-        from kernels.space import rank_structures
+        from kernels import rank_structures
 
         found = read_structures(structures)
         _check_inputs(program, found[0]["graph"], structures)  # one search: one set of shapes
@@ -134,8 +134,7 @@ def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
 
     The default's mapping knobs were chosen for the default symbols, so they are kept only
     when the user's symbols agree with them."""
-    from kernels.lower import resolve_spec
-    from kernels.mapping import KNOBS, default_config
+    from kernels.lowering import KNOBS, default_config, resolve_spec
 
     spec = resolve_spec(device)
     given = dict(config or {})
@@ -158,7 +157,7 @@ def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
 
 
 def _lower(structure: KernelGraph, config: Mapping[str, int], device: Any, name: str):
-    from kernels.lower import lower
+    from kernels.lowering import lower
 
     try:
         return lower(structure, config, device, name)
@@ -181,7 +180,7 @@ def _prepare(args: argparse.Namespace, device: Any) -> tuple[Program, KernelGrap
 
 
 def cmd_codegen(args: argparse.Namespace) -> int:
-    from kernels.render import render
+    from kernels import render
 
     device = "cpu" if args.target == "cpp" else args.gpu
     _, _, _, plan = _prepare(args, device)
@@ -196,23 +195,16 @@ def _fmt_ms(s: float) -> str:
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    from kernels.devices import cuda_available
+    from kernels import cuda_available, cuda_device_spec, measure_program
 
     timing = {"budget_s": args.budget}
     if args.device == "cuda":
         ok, reason = cuda_available()
         if not ok:
             raise InputError(f"--device cuda: no usable GPU ({reason}); use --device cpu")
-        from kernels.cuda import measure_program_cuda
-        from kernels.devices import cuda_device_spec
-
-        program, structure, config, _ = _prepare(args, cuda_device_spec())
-        m = measure_program_cuda(program, structure, config, timing=timing)
-    else:
-        from kernels.measure import measure_program
-
-        program, structure, config, _ = _prepare(args, "cpu")
-        m = measure_program(program, structure, config, timing=timing)
+    program, structure, config, _ = _prepare(
+        args, cuda_device_spec() if args.device == "cuda" else "cpu")
+    m = measure_program(program, structure, config, device=args.device, timing=timing)
     if args.json:
         print(json.dumps(m.as_dict(), indent=2))
     else:

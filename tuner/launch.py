@@ -111,7 +111,7 @@ def check_devices(devices: tuple[str, ...], address: str | None = None) -> None:
         return
     for i, device in enumerate(devices):
         if device.startswith("cuda"):
-            from kernels.devices import cuda_available
+            from kernels import cuda_available
 
             ok, why = cuda_available()
             if not ok:
@@ -227,7 +227,7 @@ class Launch:
                  executor: Any, pools: dict, storage: Any, timings: dict
                  ) -> list[ProgramReport]:
         from cluster import ShardResult, search_program
-        from kernels.space import config_space, rank_structures
+        from kernels import config_space, rank_structures
 
         from .confirm import confirm
 

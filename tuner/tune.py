@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import db
-from kernels.space import ConfigSpace, estimate
+from kernels import ConfigSpace, estimate
 from search import KernelGraph
 
 MEASURED = db.MEASUREMENT_STATUSES

@@ -14,14 +14,22 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping as MappingT
 
-from kernels.devices import DeviceSpec, get_spec
+from kernels.hardware import DeviceSpec, get_spec
 from search import BlockGraph, KernelGraph, ShapeError
 
-from .fuse import Fuser
-from .mapping import astitch_rule, blocks_per_wave, default_config, is_row_form, split_config
-from .plan import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Mapping, Phase, Store, View
-from .predefined import predefined_block_graph
-from .stitch import Home, chunk_cols, dense_strides, expand, group_loops, lanes_for, plan_shared
+from ._fuse import Fuser
+from ._mapping import (
+    KNOBS,
+    astitch_rule,
+    blocks_per_wave,
+    default_config,
+    is_row_form,
+    split_config,
+)
+from ._plan import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Mapping, Phase, Store, View
+from ._predefined import predefined_block_graph
+from ._schedule import schedule
+from ._stitch import Home, chunk_cols, dense_strides, expand, group_loops, lanes_for, plan_shared
 
 WS_ALIGN = 16  # floats: workspace regions start on 64-byte boundaries
 STAGE_ORDER = {"pre": 0, "body": 1, "post": 2}
@@ -77,7 +85,7 @@ def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: Devi
     if missing or extra:
         raise ShapeError(f"lower: config {dict(symbols)} must bind exactly the structure's "
                          f"symbols {sorted(structure_symbols)} (missing {missing}, unknown "
-                         f"{extra}; knobs are block, lanes, split, vpack, smem_kb); omit the symbols "
+                         f"{extra}; knobs are {', '.join(KNOBS)}); omit the symbols "
                          "to use the AStitch default")
     return graph.bind(symbols), symbols, knobs
 
@@ -254,18 +262,22 @@ def lower_block(bg: BlockGraph, name: str, what: str, ins: list[Buffer], outs: l
     kernel = Kernel(name, f"{what}: {len(ops)} primitive ops", bg.concrete_grid(), f, mapping,
                     phases, views, buffers, params, smem_bytes=smem, notes=notes)
     if len(phases) == 1:
-        return [kernel]
-    if kernel.blocks <= wave:
+        kernels = [kernel]
+    elif kernel.blocks <= wave:
         kernel.barrier, kernel.barrier_index = "grid", plan.barriers
         plan.barriers += 1
         kernel.notes.append(f"{len(phases)} phases joined by a grid barrier: {kernel.blocks} "
                             f"blocks ≤ {wave} per wave")
-        return [kernel]
-    kernel.notes.append(f"{len(phases)} phases split into kernels: {kernel.blocks} blocks > "
-                        f"{wave} per wave, a grid barrier could deadlock")
-    return [Kernel(f"{name}_p{p}", kernel.comment + f" (phase {p})", kernel.grid, f, mapping,
-                   [ph], views, buffers, params, smem_bytes=smem, notes=kernel.notes)
-            for p, ph in enumerate(phases)]
+        kernels = [kernel]
+    else:
+        kernel.notes.append(f"{len(phases)} phases split into kernels: {kernel.blocks} blocks "
+                            f"> {wave} per wave, a grid barrier could deadlock")
+        kernels = [Kernel(f"{name}_p{p}", kernel.comment + f" (phase {p})", kernel.grid, f,
+                          mapping, [ph], views, buffers, params, smem_bytes=smem,
+                          notes=kernel.notes) for p, ph in enumerate(phases)]
+    for k in kernels:
+        schedule(k, plan, spec, knobs)
+    return kernels
 
 
 def _split_rows(loops: list[Loop], split: int, buffers: dict[str, Buffer]) -> list[Loop]:

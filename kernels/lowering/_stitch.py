@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from search import BlockGraph
 
-from .plan import Access, Buffer, Level, Loop, Phase
+from ._plan import Access, Buffer, Level, Loop, Phase
 
 ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "exp", "square", "sqrt", "silu", "sigmoid",
                          "gelu", "relu", "mul_scalar"})

@@ -1,7 +1,8 @@
-"""Measuring harness: warm-up, then samples until the median is stable or the budget is spent.
+"""The one timing loop: warm-up, then samples until the median is stable or the budget is spent.
 
-Used inside the isolated worker around a ctypes kernel call and, unchanged, around a Python
-callable (the numpy op-by-op baseline), so both sides of a speedup are measured the same way.
+Every device times through ``measure``: the cpu around a ctypes kernel call, the cuda device
+around asynchronous launches with a ``Clock`` of CUDA events, and both around the op-by-op
+baseline, so the two sides of a speedup are always measured the same way.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -43,9 +45,27 @@ class Timing:
         d["samples_s"] = list(self.samples_s)
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict) -> Timing:
-        return cls(**{**d, "samples_s": tuple(d["samples_s"])})
+
+class Clock(Protocol):
+    """Times a batch of calls: ``start()`` before the first, ``stop()`` after the last returns
+    the seconds between them.  Asynchronous devices must wait for their work in ``stop``."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> float: ...
+
+
+class HostClock:
+    """The host's monotonic clock, for calls that return when their work is done."""
+
+    def __init__(self) -> None:
+        self._t0 = 0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter_ns()
+
+    def stop(self) -> float:
+        return (time.perf_counter_ns() - self._t0) * 1e-9
 
 
 def _stats(samples: list[float]) -> tuple[float, float, float, float]:
@@ -63,14 +83,15 @@ def _stats(samples: list[float]) -> tuple[float, float, float, float]:
 
 def measure(fn: Callable[[], object], *, warmup: int = 2, min_repeats: int = 7,
             max_repeats: int = 2000, target_rse: float = 0.02, budget_s: float = 1.0,
-            min_sample_s: float = 1e-4) -> Timing:
+            min_sample_s: float = 1e-4, clock: Clock | None = None) -> Timing:
     """Time `fn()` and return per-call statistics.
 
     Calls shorter than `min_sample_s` are batched (several calls per sample) so the clock's
     resolution and the loop overhead do not dominate. Sampling stops when the median's relative
     standard error is <= `target_rse` (after `min_repeats` samples), at `max_repeats`, or when
     `budget_s` has been spent (after at least one sample). Warm-up is cut short when a single
-    call already exceeds the budget.
+    call already exceeds the budget.  ``clock`` times each batch (default: the host clock); the
+    budget is always wall time.
     """
     if min_repeats < 1 or max_repeats < min_repeats:
         raise ValueError(f"measure: need 1 <= min_repeats <= max_repeats, got "
@@ -78,14 +99,15 @@ def measure(fn: Callable[[], object], *, warmup: int = 2, min_repeats: int = 7,
     if warmup < 0 or budget_s <= 0 or target_rse <= 0:
         raise ValueError(f"measure: warmup={warmup} must be >= 0, budget_s={budget_s} and "
                          f"target_rse={target_rse} must be > 0")
-    clock = time.perf_counter_ns
-    start = clock()
+    clock = clock if clock is not None else HostClock()
+    wall = time.perf_counter_ns
+    start = wall()
     fastest = math.inf
     done_warmup = 0
     for _ in range(warmup):
-        t0 = clock()
+        clock.start()
         fn()
-        dt = (clock() - t0) * 1e-9
+        dt = clock.stop()
         fastest = min(fastest, dt)
         done_warmup += 1
         if dt > budget_s:
@@ -98,17 +120,17 @@ def measure(fn: Callable[[], object], *, warmup: int = 2, min_repeats: int = 7,
     reason = "max_repeats"
     rse = math.inf
     while len(samples) < max_repeats:
-        t0 = clock()
+        clock.start()
         for _ in range(per):
             fn()
-        samples.append((clock() - t0) * 1e-9 / per)
+        samples.append(clock.stop() / per)
         n = len(samples)
         if n >= min_repeats and (n <= 64 or n % 8 == 0):
             _, _, _, rse = _stats(samples)
             if rse <= target_rse:
                 reason = "stable"
                 break
-        if (clock() - start) * 1e-9 >= budget_s:
+        if (wall() - start) * 1e-9 >= budget_s:
             reason = "budget"
             break
     med, mad, iqr, rse = _stats(samples)
@@ -117,5 +139,5 @@ def measure(fn: Callable[[], object], *, warmup: int = 2, min_repeats: int = 7,
         median_s=med, iqr_s=iqr, mad_s=mad, min_s=float(a.min()),
         mean_s=float(a.mean()), rse=rse, samples_s=tuple(samples), calls_per_sample=per,
         warmup=done_warmup, stable=rse <= target_rse and len(samples) >= min_repeats,
-        stop_reason=reason, total_s=(clock() - start) * 1e-9,
+        stop_reason=reason, total_s=(wall() - start) * 1e-9,
     )

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kernels.devices import DeviceSpec
+from kernels.hardware import DeviceSpec
 from search import BlockGraph, ShapeError
 
-from .mapping import astitch_rule, largest_divisor_at_most
+from ._mapping import astitch_rule, largest_divisor_at_most
 
 MATMUL_TILE = 64
 GRID_DIMS = 3

@@ -35,7 +35,7 @@ class DeviceSpec:
     """
 
     name: str
-    kind: str  # "cuda" | "cpu"
+    kind: str  # "cpu" | "cuda" | "hip" (an AMD GPU: a replayed device only, no runtime here)
     arch: str  # "sm_80", "sm_90", or the CPU's ISA level ("x86_64-avx512", ...)
     mem_bandwidth_gbs: float
     peak_fp16_tensor_flops: float  # dense, no sparsity; on a CPU the same as fp32
@@ -50,13 +50,21 @@ class DeviceSpec:
     registers_per_sm: int  # 32-bit registers; on a CPU the vector register file in 32-bit lanes
     max_registers_per_thread: int
     launch_overhead_s: float
+    # caches (data or unified; bytes): the L1 of one SM / core, the L2 of one core (a CPU) or
+    # of the chip (a GPU), and the last level (a CPU's L3; a GPU's L2)
+    l1_bytes: int = 32 * KiB
+    l2_bytes: int = 1024 * KiB
+    llc_bytes: int = 32 * KiB * KiB
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 # Vendor datasheet figures: NVIDIA A100 (SXM4 80GB), H100 (SXM5 80GB), H200 (SXM 141GB) datasheets
-# and the CUDA C++ Programming Guide's "Compute Capabilities" table for the per-SM limits.
+# and the CUDA C++ Programming Guide's "Compute Capabilities" table for the per-SM limits; L1 is
+# the combined L1 / shared memory of an SM (architecture whitepapers), L2 the chip's (A100 40 MB,
+# H100 50 MB whitepapers; H200 as PyTorch read it on one, 60 MB).  A live GPU's limits and L2
+# come from its driver (``cuda_device_spec``).
 GPU_SPECS: dict[str, DeviceSpec] = {
     "A100": DeviceSpec(
         name="A100", kind="cuda", arch="sm_80",
@@ -66,6 +74,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
         max_threads_per_block=1024, sm_count=108, max_blocks_per_sm=32,
         max_threads_per_sm=2048, registers_per_sm=65536, max_registers_per_thread=255,
         launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=192 * KiB, l2_bytes=40 * KiB * KiB, llc_bytes=40 * KiB * KiB,
     ),
     "H100": DeviceSpec(
         name="H100", kind="cuda", arch="sm_90",
@@ -75,6 +84,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
         max_threads_per_block=1024, sm_count=132, max_blocks_per_sm=32,
         max_threads_per_sm=2048, registers_per_sm=65536, max_registers_per_thread=255,
         launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=256 * KiB, l2_bytes=50 * KiB * KiB, llc_bytes=50 * KiB * KiB,
     ),
     "H100 PCIe": DeviceSpec(
         name="H100 PCIe", kind="cuda", arch="sm_90",
@@ -84,6 +94,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
         max_threads_per_block=1024, sm_count=114, max_blocks_per_sm=32,
         max_threads_per_sm=2048, registers_per_sm=65536, max_registers_per_thread=255,
         launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=256 * KiB, l2_bytes=50 * KiB * KiB, llc_bytes=50 * KiB * KiB,
     ),
     "H200": DeviceSpec(
         name="H200", kind="cuda", arch="sm_90",
@@ -93,6 +104,64 @@ GPU_SPECS: dict[str, DeviceSpec] = {
         max_threads_per_block=1024, sm_count=132, max_blocks_per_sm=32,
         max_threads_per_sm=2048, registers_per_sm=65536, max_registers_per_thread=255,
         launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=256 * KiB, l2_bytes=60 * KiB * KiB, llc_bytes=60 * KiB * KiB,
+    ),
+    # GPUs whose Kernel Tuner timings we replay (../shared/data/kernel_tuner_caches): vendor
+    # datasheet speeds; limits as their CUDA / ROCm generation has them. The MI250X row is one
+    # of its two dies (GCDs), the unit a kernel runs on.
+    "A100 PCIe": DeviceSpec(
+        name="A100 PCIe", kind="cuda", arch="sm_80", mem_bandwidth_gbs=1555.0,
+        peak_fp16_tensor_flops=312e12, peak_fp32_flops=19.5e12,
+        smem_per_block_default=48 * KiB, smem_per_block_optin=163 * KiB, smem_per_sm=164 * KiB,
+        max_threads_per_block=1024, sm_count=108, max_blocks_per_sm=32,
+        max_threads_per_sm=2048, registers_per_sm=65536, max_registers_per_thread=255,
+        launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=192 * KiB, l2_bytes=40 * KiB * KiB, llc_bytes=40 * KiB * KiB,
+    ),
+    "RTX A4000": DeviceSpec(
+        name="RTX A4000", kind="cuda", arch="sm_86", mem_bandwidth_gbs=448.0,
+        peak_fp16_tensor_flops=76.7e12, peak_fp32_flops=19.2e12,
+        smem_per_block_default=48 * KiB, smem_per_block_optin=99 * KiB, smem_per_sm=100 * KiB,
+        max_threads_per_block=1024, sm_count=48, max_blocks_per_sm=16,
+        max_threads_per_sm=1536, registers_per_sm=65536, max_registers_per_thread=255,
+        launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=128 * KiB, l2_bytes=4 * KiB * KiB, llc_bytes=4 * KiB * KiB,
+    ),
+    "RTX A6000": DeviceSpec(
+        name="RTX A6000", kind="cuda", arch="sm_86", mem_bandwidth_gbs=768.0,
+        peak_fp16_tensor_flops=154.8e12, peak_fp32_flops=38.7e12,
+        smem_per_block_default=48 * KiB, smem_per_block_optin=99 * KiB, smem_per_sm=100 * KiB,
+        max_threads_per_block=1024, sm_count=84, max_blocks_per_sm=16,
+        max_threads_per_sm=1536, registers_per_sm=65536, max_registers_per_thread=255,
+        launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=128 * KiB, l2_bytes=6 * KiB * KiB, llc_bytes=6 * KiB * KiB,
+    ),
+    "MI250X": DeviceSpec(
+        name="MI250X", kind="hip", arch="gfx90a", mem_bandwidth_gbs=1638.0,
+        peak_fp16_tensor_flops=191.5e12, peak_fp32_flops=23.95e12,
+        smem_per_block_default=64 * KiB, smem_per_block_optin=64 * KiB, smem_per_sm=64 * KiB,
+        max_threads_per_block=1024, sm_count=110, max_blocks_per_sm=32,
+        max_threads_per_sm=2048, registers_per_sm=131072, max_registers_per_thread=512,
+        launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=16 * KiB, l2_bytes=8 * KiB * KiB, llc_bytes=8 * KiB * KiB,
+    ),
+    "W6600": DeviceSpec(
+        name="W6600", kind="hip", arch="gfx1032", mem_bandwidth_gbs=224.0,
+        peak_fp16_tensor_flops=20.8e12, peak_fp32_flops=10.4e12,
+        smem_per_block_default=64 * KiB, smem_per_block_optin=64 * KiB, smem_per_sm=128 * KiB,
+        max_threads_per_block=1024, sm_count=28, max_blocks_per_sm=32,
+        max_threads_per_sm=2048, registers_per_sm=131072, max_registers_per_thread=255,
+        launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=16 * KiB, l2_bytes=2 * KiB * KiB, llc_bytes=32 * KiB * KiB,
+    ),
+    "W7800": DeviceSpec(
+        name="W7800", kind="hip", arch="gfx1100", mem_bandwidth_gbs=576.0,
+        peak_fp16_tensor_flops=90.5e12, peak_fp32_flops=45.2e12,
+        smem_per_block_default=64 * KiB, smem_per_block_optin=64 * KiB, smem_per_sm=128 * KiB,
+        max_threads_per_block=1024, sm_count=70, max_blocks_per_sm=32,
+        max_threads_per_sm=2048, registers_per_sm=196608, max_registers_per_thread=255,
+        launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=32 * KiB, l2_bytes=6 * KiB * KiB, llc_bytes=64 * KiB * KiB,
     ),
 }
 
@@ -151,7 +220,24 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+MARCH_ENV = "TUNER_CPU_MARCH"  # e.g. x86-64-v3: build cpu kernels for that ISA, not -march=native
+# what each x86-64 level may use (the psABI levels): v2 SSE4.2, v3 AVX2 + FMA, v4 AVX-512
+MARCH_LANES = {"x86-64-v2": (4, "sse4"), "x86-64-v3": (8, "avx2"), "x86-64-v4": (16, "avx512")}
+
+
+def cpu_march() -> str:
+    """The -march cpu kernels are built for: ``native`` unless ``TUNER_CPU_MARCH`` names an ISA
+    level, to measure the AVX2 or SSE code paths on a machine that has AVX-512."""
+    march = os.environ.get(MARCH_ENV, "").strip() or "native"
+    if march != "native" and march not in MARCH_LANES:
+        raise ValueError(f"{MARCH_ENV}={march!r}: use one of native, {', '.join(MARCH_LANES)}")
+    return march
+
+
 def _simd_lanes_fp32() -> tuple[int, str]:
+    march = cpu_march()
+    if march != "native":
+        return MARCH_LANES[march]
     flags = set(_cpuinfo().get("flags", "").split())
     if "avx512f" in flags:
         return 16, "avx512"
@@ -185,7 +271,8 @@ def device_key(kind: str = "cpu", index: int = 0) -> str:
     and nothing that does not (no hostname: two identical machines share measurements).
     """
     if kind == "cpu":
-        return f"cpu:{cpu_model()}:{cpu_cores()}c"
+        march = cpu_march()  # kernels built for another ISA level are another device
+        return f"cpu:{cpu_model()}:{cpu_cores()}c" + ("" if march == "native" else f":{march}")
     if kind == "cuda":
         ok, reason = cuda_available()
         if not ok:
@@ -198,7 +285,7 @@ def device_key(kind: str = "cpu", index: int = 0) -> str:
     raise ValueError(f"device_key: unknown device kind {kind!r}; use 'cpu' or 'cuda'")
 
 
-def _measure_copy_bandwidth(nbytes: int, repeats: int, threads: int) -> float:
+def measure_copy_bandwidth(nbytes: int, repeats: int, threads: int) -> float:
     """Best-of-`repeats` copy bandwidth in GB/s, counting bytes read + bytes written (STREAM)."""
     n = nbytes // 4
     src = np.ones(n, dtype=np.float32)
@@ -226,7 +313,7 @@ def measure_cpu_bandwidth(size_mb: int | None = None, repeats: int = 4,
     across different machines keeps each machine's own figure. A busy machine measures low:
     pass refresh=True (or delete the entry) to measure again when it is quiet.
     """
-    key = device_key("cpu")
+    key = f"cpu:{cpu_model()}:{cpu_cores()}c"  # the machine's, whatever ISA kernels target
     path = cache_root() / "cpu_bandwidth.json"
     try:
         table = json.loads(path.read_text())
@@ -241,8 +328,8 @@ def measure_cpu_bandwidth(size_mb: int | None = None, repeats: int = 4,
     nbytes = size_mb * KiB**2
     entry = {
         "size_mb": size_mb,
-        "copy_1t_gbs": round(_measure_copy_bandwidth(nbytes, repeats, 1), 2),
-        "copy_gbs": round(_measure_copy_bandwidth(nbytes, repeats, cpu_cores()), 2),
+        "copy_1t_gbs": round(measure_copy_bandwidth(nbytes, repeats, 1), 2),
+        "copy_gbs": round(measure_copy_bandwidth(nbytes, repeats, cpu_cores()), 2),
         "threads": cpu_cores(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         # Other processes lower the figure; the load says how much to trust it.
@@ -270,7 +357,7 @@ def _local_cpu_spec_cached(root: str, size_mb: int | None) -> DeviceSpec:
     ghz = ghz or 2.0  # no clock reported: a conservative guess, documented in docs/devices.md
     # Two FMA pipes per core (2 FLOPs each) on every core: an upper bound, like the GPU peaks.
     peak = cores * ghz * 1e9 * lanes * 2 * 2
-    l2 = _cache_bytes(2, 1024 * KiB)
+    l1, l2 = _cache_bytes(1, 32 * KiB), _cache_bytes(2, 1024 * KiB)
     return DeviceSpec(
         name=cpu_model(), kind="cpu", arch=f"{platform.machine()}-{isa}",
         mem_bandwidth_gbs=float(bw["copy_gbs"]),
@@ -279,6 +366,7 @@ def _local_cpu_spec_cached(root: str, size_mb: int | None) -> DeviceSpec:
         max_threads_per_block=1024, sm_count=cores, max_blocks_per_sm=1,
         max_threads_per_sm=1, registers_per_sm=32 * lanes, max_registers_per_thread=32 * lanes,
         launch_overhead_s=CPU_LAUNCH_OVERHEAD_S,
+        l1_bytes=l1, l2_bytes=l2, llc_bytes=_cache_bytes(3, 32 * KiB * KiB),
     )
 
 
@@ -353,6 +441,7 @@ def cuda_device_spec(index: int = 0) -> DeviceSpec:
         max_blocks_per_sm=p.get("maxBlocksPerMultiProcessor", base.max_blocks_per_sm),
         max_threads_per_sm=p.get("maxThreadsPerMultiProcessor", base.max_threads_per_sm),
         registers_per_sm=p.get("regsPerMultiprocessor", base.registers_per_sm),
+        l2_bytes=p.get("l2CacheSize", base.l2_bytes), llc_bytes=p.get("l2CacheSize", base.llc_bytes),
     )
 
 

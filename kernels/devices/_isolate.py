@@ -10,7 +10,8 @@ Calling convention (see docs/devices.md): `extern "C" void kernel(float** inputs
 outputs)`, every array float32 and C-contiguous, outputs pre-filled with NaN so an element the
 kernel forgets to write shows up as a wrong result.  A job may instead name a Python function
 (`"call": "module:function"`) that the worker runs on the job's arrays: the CUDA device uses
-this, so an illegal address on the GPU kills a worker, not the tuner.  Environment variables
+this, so an illegal address on the GPU kills a worker, not the tuner; a call job that answers
+`runtime_error` has its worker replaced before the next job.  Environment variables
 (`env`, per worker or per job: OMP_NUM_THREADS, ...) are set when the worker process starts.
 """
 
@@ -32,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.compile import DEFAULT_CPP_FLAGS, CompileError, compile_cpp
+from ._compile import CompileError, compile_cpp, cpp_flags
+from ._timing import measure
 
 STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result")
 _JOB_KEYS = {"library", "source", "call", "args", "env", "flags", "function", "inputs",
@@ -65,7 +67,7 @@ def _aligned_empty(shape: tuple[int, ...], align: int = 64) -> np.ndarray:
     return buf[off:off + nbytes].view(np.float32).reshape(shape)
 
 
-def _compare(outs: list[np.ndarray], expected: list[np.ndarray], rtol: float,
+def compare_outputs(outs: list[np.ndarray], expected: list[np.ndarray], rtol: float,
              atol: float) -> tuple[list[float], str]:
     """Max abs error per output and a message naming the first output out of tolerance."""
     errs: list[float] = []
@@ -107,8 +109,6 @@ def _run_call(msg: dict) -> dict:
 def _run_job(msg: dict, libs: dict) -> dict:
     import ctypes
 
-    from kernels.timing import measure
-
     if msg.get("call"):
         return _run_call(msg)
     d = Path(msg["dir"])
@@ -148,7 +148,7 @@ def _run_job(msg: dict, libs: dict) -> dict:
     if msg["n_expected"]:
         expected = [np.load(d / f"exp{i}.npy", mmap_mode="r")
                     for i in range(msg["n_expected"])]
-        errs, bad = _compare(outputs, expected, msg["rtol"], msg["atol"])
+        errs, bad = compare_outputs(outputs, expected, msg["rtol"], msg["atol"])
         reply["max_abs_err"] = errs
         if bad:
             reply.update(status="wrong_result", message=bad)
@@ -229,12 +229,12 @@ def _validate(job: dict) -> dict:
                          f"differ from job['outputs'] {shapes}")
     timing = job.get("timing", {})
     if timing is not None and not isinstance(timing, dict):
-        raise ValueError("run_isolated: job['timing'] must be a dict of kernels.timing.measure "
+        raise ValueError("run_isolated: job['timing'] must be a dict of kernels.devices.measure "
                          "keyword arguments, or None to run once without timing")
     return {
         "library": str(Path(job["library"]).resolve()) if "library" in job else None,
         "call": job.get("call"), "args": dict(job.get("args") or {}), "env": dict(env),
-        "source": job.get("source"), "flags": tuple(job.get("flags", DEFAULT_CPP_FLAGS)),
+        "source": job.get("source"), "flags": tuple(job.get("flags") or cpp_flags()),
         "function": str(job.get("function", "kernel")),
         "inputs": inputs, "expected": expected, "output_shapes": shapes,
         "rtol": float(job.get("rtol", 1e-4)), "atol": float(job.get("atol", 1e-5)),
@@ -401,6 +401,11 @@ class IsolatedWorker:
                                  f"{what} crashed the worker ({_signal_text(code)})"
                                  + (f"; it printed:\n{said}" if said else ""),
                                  {"exitcode": code, "log": tail})
+            if spec["call"] and reply["status"] == "runtime_error":
+                # a call job's runtime error may have left state behind in the worker that
+                # the next job would trip over (a CUDA context stays poisoned after an illegal
+                # address): the next job gets a fresh process
+                self._stop()
             n_out = reply.pop("n_outputs", len(spec["output_shapes"]))
             payload: dict[str, Any] = {k: v for k, v in reply.items()
                                        if k not in ("status", "message")}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .plan import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Store, View
+from kernels.lowering import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Store, View
 
 UNARY = {"exp": "exp_f({a})", "sqrt": "sqrtf({a})", "square": "({a} * {a})",
          "relu": "fmaxf({a}, 0.0f)", "sigmoid": "sigmoid_f({a})",
@@ -36,13 +36,14 @@ class CStyle:
 
     name = "c"
     fn_prefix = "static inline"
-    # Print a matmul row by row (k outer, an axpy over the row's columns into a local array)
-    # instead of one dot product per element: vectorises on CPUs, would spill on GPUs.
-    matmul_by_rows = False
-    MATMUL_ROW_MAX = 4096
-    # x / y with y the same for the whole row: one reciprocal per row, a multiply per element
-    # (within 1.5 ulp of the division; divisions are the slowest float op in both dialects).
-    reciprocal_rows = True
+    # Whether the dialect can print a loop's register-tiled matmuls (``Loop.tile_rows``);
+    # one that cannot prints them as dot products, which compute the same.
+    register_tiles = False
+    # The qualifier of pointers to a block's intermediates (shared or workspace tiles).  Where
+    # several threads of a block share them (CUDA), ``__restrict__`` lets the compiler move a
+    # load of what another thread stored above the __syncthreads() between them: nvcc did so
+    # for a row sum kept in Global (softmax_rows, smem_kb=0), and every row read zero.
+    scratch_qualifier = "__restrict__"
 
     # ---------------------------------------------------------------- hooks
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
@@ -152,9 +153,10 @@ class CStyle:
         else:
             base = f"ws + {b.offset} + {'vb' if b.per_vblock else 'w'} * {b.per_item}"
         const = "const " if b.role == "input" else ""
+        qualifier = "__restrict__" if b.role in ("input", "output") else self.scratch_qualifier
         offset = " + ".join(terms)
-        return (f"{const}{self.ctype(b.dtype)}* __restrict__ {v.name} = {base}"
-                f"{' + ' + offset if offset else ''};")
+        return (f"{const}{self.ctype(b.dtype)}* {qualifier + ' ' if qualifier else ''}{v.name}"
+                f" = {base}{' + ' + offset if offset else ''};")
 
     def _work_item(self, k: Kernel, loops: list[Loop]) -> list[str]:
         used = self._views_used(loops)
@@ -168,14 +170,14 @@ class CStyle:
         out += [self._view_decl(v) for v in views if not v.iter]
         stages = {s: [lp for lp in loops if lp.stage == s] for s in ("pre", "body", "post")}
         idx = {id(lp): i for i, lp in enumerate(loops)}
-        for group in self.row_groups(stages["pre"]):
+        for group in row_groups(stages["pre"]):
             out += self.loops(group, [idx[id(lp)] for lp in group])
         if stages["body"]:
             body = [self._view_decl(v) for v in views if v.iter]
-            for group in self.row_groups(stages["body"]):
+            for group in row_groups(stages["body"]):
                 body += self.loops(group, [idx[id(lp)] for lp in group])
             out += [f"for (int it = 0; it < {k.forloop}; ++it) {{", *_indent(body), "}"]
-        for group in self.row_groups(stages["post"]):
+        for group in row_groups(stages["post"]):
             out += self.loops(group, [idx[id(lp)] for lp in group])
         return _indent(out)
 
@@ -243,7 +245,7 @@ class CStyle:
 
     def loops(self, group: list[Loop], indices: list[int]) -> list[str]:
         """Fused loops over one tile: rows over thread groups, columns over the lanes of a
-        group.  A group of several loops (``row_groups``) shares one walk over the rows, each
+        group.  A group of several loops (``Loop.join``) shares one walk over the rows, each
         loop's row body in its own scope, so a row's values are still in L1 when read again."""
         k = self._k
         lp = group[0]
@@ -266,7 +268,7 @@ class CStyle:
         uniform = groups > 1 and rows % groups != 0 and lanes > 1 and \
             any(x.reductions for x in group)
         guards = (["on"] if uniform else [])
-        tile_rows = self.matmul_tile_rows(lp, lanes, width) if len(group) == 1 else 0
+        tile_rows = lp.tile_rows if len(group) == 1 and self.register_tiles else 0
         self._mm_index = {}
         close = ["}"]
         if tile_rows:
@@ -306,13 +308,10 @@ class CStyle:
         row = self.coord_lines(lp)
         row += self._stmts(lp.hoisted, coords, guards)
         self._rcp = {}
-        if self.reciprocal_rows:  # x / (row value): one division per row, then multiplies
-            row_vars = {st.var for st in lp.hoisted if isinstance(st, Let)}
-            for st in lp.col:
-                if isinstance(st, Let) and st.op == "div" and st.args[1] in row_vars \
-                        and st.args[1] not in self._rcp:
-                    self._rcp[st.args[1]] = f"rcp_{st.args[1]}"
-                    row.append(f"const float rcp_{st.args[1]} = 1.0f / {st.args[1]};")
+        for st in lp.col:  # x / (row value): one division per row, then multiplies
+            if isinstance(st, Let) and st.attrs.get("reciprocal") and st.args[1] not in self._rcp:
+                self._rcp[st.args[1]] = f"rcp_{st.args[1]}"
+                row.append(f"const float rcp_{st.args[1]} = 1.0f / {st.args[1]};")
         if split > 1:
             row.append(f"const int c0 = j * {width};")
         accs = [f"s_{red.dst}" for red in lp.reductions]
@@ -322,7 +321,7 @@ class CStyle:
         end = f"{c0} + {width}" if split > 1 else str(width)
         step = f"c += {lanes}" if lanes > 1 else "++c"
         self._mm_rows = set(self._mm_index)
-        if self.matmul_by_rows and width <= self.MATMUL_ROW_MAX and not self._mm_index:
+        if lp.matmul_rows and not self._mm_index:
             for st in lp.col:
                 if isinstance(st, Let) and st.op == "matmul":
                     row += self._matmul_row(st, coords, (start, end, step), width)
@@ -340,18 +339,10 @@ class CStyle:
         return row
 
     # ---------------------------------------------------------------- hooks for row blocking
-    def matmul_tile_rows(self, lp: Loop, lanes: int, width: int) -> int:
-        """Rows per register tile of the loop's matmuls (0: no tiling, one row at a time)."""
-        return 0
-
     def matmul_tiles(self, lp: Loop, rows: int, width: int) -> list[str]:
         """Code computing the loop's matmuls for ``rows`` rows from ``r0``; it must fill
         ``self._mm_index`` with each matmul's value expression at (r, c)."""
         raise NotImplementedError
-
-    def row_groups(self, loops: list[Loop]) -> list[list[Loop]]:
-        """Consecutive loops that may share one walk over the rows (default: none do)."""
-        return [[lp] for lp in loops]
 
     def _matmul_row(self, st: Let, coords: list[str], cols: tuple[str, str, str],
                     width: int) -> list[str]:
@@ -382,6 +373,18 @@ class CStyle:
                 if d < len(a.rows) and a.rows[d]:
                     return True
         return False
+
+
+def row_groups(loops: list[Loop]) -> list[list[Loop]]:
+    """Consecutive loops that share one walk over the rows (a loop with ``join`` joins the
+    group before it)."""
+    groups: list[list[Loop]] = []
+    for lp in loops:
+        if lp.join and groups:
+            groups[-1].append(lp)
+        else:
+            groups.append([lp])
+    return groups
 
 
 def _sum_lines(sums: list[tuple[str, str, str]], index: str = "") -> list[str]:

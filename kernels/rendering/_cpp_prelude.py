@@ -11,7 +11,9 @@ EXP_F = """static inline float exp_f(float x) {
   // vectorise it without -ffast-math: adding 1.5 * 2^23 rounds x*log2(e) to n, which then
   // sits in the low mantissa bits. x is clamped to [-87.5, 89] on its bit pattern (integer
   // min/max: a float ternary made GCC duplicate the tail per case with masks), so results
-  // below ~1.7e-38 are 0, above FLT_MAX inf, and NaN is passed through.
+  // below ~1.7e-38 are 0, above FLT_MAX inf, and NaN is passed through by a select on bits
+  // (`x != x ? x : v` became a branch that kept GCC from vectorising the loop at all without
+  // AVX-512 masks: 2.1 ns an exp with AVX2, 3.8 with SSE4.2; 0.30 and 0.90 branch-free).
   unsigned u;
   memcpy(&u, &x, 4);
   u = (int)u > 0x42B20000 ? 0x42B20000u : u;  // x > 89 -> 89
@@ -34,7 +36,15 @@ EXP_F = """static inline float exp_f(float x) {
   const int e = (k - 0x4B400000 + 126) << 23;
   float s;
   memcpy(&s, &e, 4);
-  return x != x ? x : p * s;
+  const float v = p * s;
+  unsigned vb;
+  memcpy(&vb, &v, 4);
+  memcpy(&u, &x, 4);
+  const unsigned nan = 0u - (unsigned)((u & 0x7fffffffu) > 0x7f800000u);  // ~0 when x is NaN
+  vb ^= (vb ^ u) & nan;
+  float out;
+  memcpy(&out, &vb, 4);
+  return out;
 }"""
 MATMUL_TILE = """// TUNER_CB(R): vectors of columns per register tile of R rows, R x CB accumulators within the
 // vector registers (32 with AVX-512, 16 otherwise); 8 x 4 on AVX-512 spills a few

@@ -89,7 +89,9 @@ class Let:
     op: str  # load | matmul | reduce | combine | an elementwise op of the op table
     args: tuple[str, ...] = ()
     access: tuple[Access, ...] = ()
-    attrs: dict = field(default_factory=dict)  # scalar, k (matmul depth), n (reduce extent)
+    # scalar, k (matmul depth), n (reduce extent); from _schedule: reciprocal (a div by a row
+    # value), prefetch (floats ahead a register-tiled matmul fetches B)
+    attrs: dict = field(default_factory=dict)
     comment: str = ""
 
 
@@ -127,6 +129,13 @@ class Loop:
     reductions: list[RowReduce] = field(default_factory=list)
     row: list[Let | Store] = field(default_factory=list)
     comment: str = ""
+    # how it runs (``_schedule``; the renderer reads these, the defaults are the plain loop)
+    join: bool = False  # shares the previous loop's walk over the rows
+    tile_rows: int = 0  # matmuls in register tiles of this many rows (0: none)
+    matmul_rows: bool = False  # matmuls row by row (an axpy per k into a local row)
+    prefetch: tuple[str, ...] = ()  # input views whose rows are prefetched ahead
+    stream: bool = False  # output rows go through a row buffer and non-temporal stores
+    tree_sum: bool = False  # row sums as a vector of lane partials combined by halves
 
     @property
     def rows(self) -> int:
@@ -176,6 +185,7 @@ class Kernel:
     barrier_index: int = -1  # which counter of the plan's barrier array it uses
     smem_bytes: int = 0
     notes: list[str] = field(default_factory=list)
+    parallel: bool = True  # worth forking threads for (cpu; ``_schedule``)
 
     @property
     def vblocks(self) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .plan import Access, Buffer, Let, Level, Loop, RowReduce, Store
-from .stitch import Home, IOp, access, dense_strides
+from ._plan import Access, Buffer, Let, Level, Loop, RowReduce, Store
+from ._stitch import Home, IOp, access, dense_strides
 
 
 def var(v: str) -> str:

@@ -19,12 +19,13 @@ from collections.abc import Mapping as MappingT
 from dataclasses import dataclass
 from itertools import product
 
-from kernels.devices import DeviceSpec
+from kernels.hardware import DeviceSpec
 from search import BlockGraph, KernelGraph, ShapeError
 
 # Config keys that are not structure symbols.  smem_kb: the shared-memory budget of a block in
 # KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.
-KNOBS = ("block", "lanes", "split", "vpack", "smem_kb")
+KNOBS = ("block", "lanes", "split", "vpack", "smem_kb", "tile_rows", "stream")
+ZERO_OK = ("smem_kb", "tile_rows", "stream")  # knobs for which 0 means "none" / "off"
 LONG_ROW = 1024  # AStitch: rows longer than this are worth splitting across blocks
 ELEMS_PER_THREAD = 4  # a thread handles about this many elements of a long row
 CPU_TILE_ELEMS = 8192  # CPU: elements per block tile (32 KiB of floats: L1/L2 resident)
@@ -116,7 +117,7 @@ def is_row_form(bg: BlockGraph) -> bool:
     return True
 
 
-def _constraints(graph: KernelGraph) -> list[tuple[int, tuple[str, ...]]]:
+def divisibility_constraints(graph: KernelGraph) -> list[tuple[int, tuple[str, ...]]]:
     """(size, symbols): the product of the symbols' values must divide size."""
     out = []
     for bg in graph.block_graphs():
@@ -133,7 +134,7 @@ def _constraints(graph: KernelGraph) -> list[tuple[int, tuple[str, ...]]]:
     return out
 
 
-def _divisors(n: int, keep: int = 40, include: tuple[int, ...] = ()) -> list[int]:
+def divisors(n: int, keep: int = 40, include: tuple[int, ...] = ()) -> list[int]:
     """Divisors of ``n``; when there are many, a log-spaced subset plus ``include``."""
     divs = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     divs = sorted(set(divs + [n // d for d in divs]))
@@ -147,7 +148,7 @@ def _divisors(n: int, keep: int = 40, include: tuple[int, ...] = ()) -> list[int
 def _candidates(graph: KernelGraph, include: MappingT[str, int] | None = None
                 ) -> list[dict[str, int]]:
     """Bindings of the structure's symbols that divide every dim they split."""
-    cons = _constraints(graph)
+    cons = divisibility_constraints(graph)
     symbols = sorted(graph.symbols())
     values = {}
     for s in symbols:
@@ -156,7 +157,7 @@ def _candidates(graph: KernelGraph, include: MappingT[str, int] | None = None
             if s in syms:
                 g = math.gcd(g, size)
         extra = (include[s],) if include and s in include else ()
-        values[s] = _divisors(g or 1, include=extra)
+        values[s] = divisors(g or 1, include=extra)
     found = []
     for combo in product(*(values[s] for s in symbols)):
         binding = dict(zip(symbols, combo, strict=True))
@@ -200,7 +201,7 @@ def default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
     if not candidates:
         raise ShapeError(f"default_config: no binding of {symbols} divides the input shapes")
     wave = blocks_per_wave(spec, 128) if spec.kind != "cpu" else 4 * spec.sm_count
-    cons = _constraints(graph)
+    cons = divisibility_constraints(graph)
 
     def score_general(b: MappingT[str, int]) -> tuple:
         blocks = max(_grid_blocks(bg, b) for bg in bgs) if bgs else 1
@@ -233,6 +234,9 @@ def split_config(config: MappingT[str, int] | None) -> tuple[dict[str, int], dic
     config = dict(config or {})
     knobs = {k: int(config.pop(k)) for k in KNOBS if k in config}
     for k, v in knobs.items():
-        if v < (0 if k == "smem_kb" else 1):
-            raise ValueError(f"config: {k}={v} must be a positive integer")
+        if k == "stream" and v not in (0, 1):
+            raise ValueError(f"config: stream={v} must be 0 (plain stores) or 1 (streamed rows)")
+        if v < (0 if k in ZERO_OK else 1):
+            raise ValueError(f"config: {k}={v} must be a positive integer"
+                             f"{' or 0' if k in ZERO_OK else ''}")
     return config, knobs

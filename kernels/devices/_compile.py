@@ -20,9 +20,16 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from kernels.devices import cache_root, device_key, write_json_atomic
+from kernels.hardware import cache_root, cpu_march, device_key, write_json_atomic
 
 DEFAULT_CPP_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+
+def cpp_flags() -> tuple[str, ...]:
+    """The flags cpu kernels are built with: ``DEFAULT_CPP_FLAGS`` for this machine's ISA, or
+    for the level ``TUNER_CPU_MARCH`` names (``kernels.hardware.cpu_march``)."""
+    march = cpu_march()
+    return tuple(f"-march={march}" if f == "-march=native" else f for f in DEFAULT_CPP_FLAGS)
 
 
 class CompileError(Exception):
@@ -71,7 +78,7 @@ def _digest(*parts: str) -> str:
 # ---------------------------------------------------------------- C++ -> .so
 
 
-def compile_cpp(source: str, *, flags: tuple[str, ...] | list[str] = DEFAULT_CPP_FLAGS,
+def compile_cpp(source: str, *, flags: tuple[str, ...] | list[str] | None = None,
                 compiler: str = "g++", timeout_s: float = 300.0) -> Path:
     """Compile C++ source into a shared library and return its path (cached by content).
 
@@ -79,7 +86,7 @@ def compile_cpp(source: str, *, flags: tuple[str, ...] | list[str] = DEFAULT_CPP
     """
     if not isinstance(source, str) or not source.strip():
         raise ValueError("compile_cpp: source must be a non-empty string of C++ code")
-    flags = tuple(flags)
+    flags = tuple(flags) if flags is not None else cpp_flags()
     machine = device_key("cpu") if any(f.startswith("-march=native") for f in flags) else ""
     key = _digest(source, " ".join(flags), compiler_version(compiler), machine)
     out_dir = cache_root() / "cpp"

@@ -1,0 +1,47 @@
+"""Devices: where plans become kernels that are built, run, checked and timed.
+
+One small interface (``Device``: ``lower``, ``render``, ``execute``, ``check``,
+``time_baseline``, ``load``, ``run_trial``) with ``cpu``, ``cuda`` and ``replay`` behind it,
+one timing loop (``measure`` with a ``Clock``), one numeric check against the program's float
+reference, and the isolated worker every kernel runs in.  ``get_device("cpu" | "cuda" |
+"cuda:N")`` gives this machine's device.
+
+Names resolve lazily: the isolated worker imports this package on every start and should not
+pay for lowering, the renderer and the verifier, which its jobs never touch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "Device": "_base", "DeviceUnavailable": "_base", "Execution": "_base",
+    "TRIAL_TIMING": "_base", "field_check": "_base",
+    "CpuDevice": "_cpu", "CpuKernel": "_cpu", "default_env": "_cpu", "thread_env": "_cpu",
+    "CudaDevice": "_cuda", "CudaKernel": "_cuda", "KernelLaunch": "_cuda",
+    "launches": "_cuda", "to_storage": "_cuda", "from_storage": "_cuda",
+    "ReplayDevice": "_replay",
+    "FaultDrill": "_faults", "FAULT_ENV": "_faults",
+    "Expected": "_check", "expected": "_check", "random_inputs": "_check",
+    "reference": "_check", "tolerance": "_check", "TOLERANCE": "_check",
+    "compile_cpp": "_compile", "CompileError": "_compile", "nvcc_check": "_compile",
+    "nvcc_available": "_compile", "find_nvcc": "_compile", "NvccReport": "_compile",
+    "KernelResources": "_compile", "DEFAULT_CPP_FLAGS": "_compile", "cpp_flags": "_compile",
+    "IsolatedWorker": "_isolate", "RunResult": "_isolate", "run_isolated": "_isolate",
+    "STATUSES": "_isolate", "compare_outputs": "_isolate",
+    "measure": "_timing", "Timing": "_timing", "Clock": "_timing", "HostClock": "_timing",
+    "get_device": "_registry", "DEVICE_KINDS": "_registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from ._base import Device, DeviceUnavailable, Execution  # noqa: F401
+    from ._registry import get_device  # noqa: F401
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'kernels.devices' has no attribute {name!r}")
+    return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)

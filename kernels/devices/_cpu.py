@@ -1,0 +1,231 @@
+"""The ``cpu`` device: plans rendered as C++/OpenMP, compiled by g++, run through ctypes.
+
+A kernel is compiled in the calling process (g++ is its own subprocess; the library is cached
+by source hash) and run in the isolated worker, so a crash or a hang costs a worker, not the
+tuner.  The worker's OpenMP and BLAS thread counts follow the launching process's (Ray starts
+actors with one thread), and its OpenMP waiting policy follows how crowded the cores are
+(``default_env``).  The op-by-op baseline is the reference graph run by the interpreter over
+numpy in float32, timed in the same worker with the same loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.hardware import DeviceSpec, device_key, local_cpu_spec
+from kernels.lowering import KernelPlan
+from search import KernelGraph
+from search.serialize import from_obj, to_obj
+from verifier import FloatArith, run
+
+from ._base import TRIAL_TIMING, Device, Execution
+from ._check import Expected, random_inputs
+from ._compile import compile_cpp
+from ._isolate import IsolatedWorker, run_isolated
+from ._timing import measure
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # who sets cores
+
+
+def thread_env() -> dict[str, str | None]:
+    """This process's thread-count variables (None: unset, i.e. every core), to hand to a
+    process that should time kernels as this one would run them."""
+    return {k: os.environ.get(k) for k in THREAD_VARS}
+
+
+def default_env() -> dict[str, str]:
+    """The kernel worker's environment for timing: OpenMP's own waiting (threads spin a while
+    at the end of a parallel region, as a deployed kernel's do) on a machine with room for the
+    kernel's threads, ``OMP_WAIT_POLICY=passive`` on one crowded with other work, and nothing
+    when the caller chose a policy.  Measured on this 2-core VM: on an idle machine passive
+    waiting lost the second core to wake-up latency (lora 0.26-0.39 ms passive, 0.18 ms
+    spinning); with 4 busy loops beside it spinning threads waited out whole scheduler slices
+    (softmax_rows 64x30000: 19-32 ms spinning, 0.9 ms passive); with 1 or 2 busy loops
+    spinning was still the faster (0.39-0.61 vs 0.78 ms)."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return {}
+    cores = os.cpu_count() or 1
+    try:
+        threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0]))
+    except ValueError:
+        threads = cores
+    crowded = other_runnable() > cores - min(threads, cores) + 1
+    return {"OMP_WAIT_POLICY": "passive"} if crowded else {}
+
+
+def other_runnable(samples: int = 5, interval_s: float = 0.01) -> float:
+    """Threads of other processes ready to run now (median of a few looks at the kernel's run
+    queue in /proc/loadavg, less this process), or the 1-minute load average elsewhere."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return float(np.median(counts))
+
+
+class CpuDevice(Device):
+    """This machine's CPU (all the cores this process may use)."""
+
+    kind = "cpu"
+    dialect = "cpp"
+
+    def __init__(self, env: Mapping[str, str | None] | None = None) -> None:
+        self._env = env  # the worker's environment (default: default_env() per job)
+
+    @property
+    def key(self) -> str:
+        return device_key("cpu")
+
+    @property
+    def spec(self) -> DeviceSpec:
+        return local_cpu_spec()
+
+    def worker_env(self) -> dict[str, str | None]:
+        return dict(default_env() if self._env is None else self._env)
+
+    def execute(self, plan: KernelPlan, source: str, inputs: list[np.ndarray],
+                want: Expected | None, *, timing: dict | None, worker: IsolatedWorker | None,
+                timeout_s: float, baseline: KernelGraph | None = None) -> Execution:
+        env = self.worker_env()
+        job = {"source": source, "inputs": inputs,
+               "outputs": [tuple(b.shape) for b in plan.outputs], "timing": timing, "env": env}
+        if want is not None:
+            job.update(expected=want.outputs, rtol=want.rtol, atol=want.atol)
+        res = run_isolated(job, timeout_s, worker)
+        out = Execution(res.status, res.message, plan, source,
+                        list(res.payload.get("max_abs_err", [])),
+                        list(res.payload.get("outputs", [])), res.payload.get("timing"),
+                        artifact=res.payload.get("library"))
+        if out.ok and timing is not None and baseline is not None:
+            base = run_isolated({"call": "kernels.devices._cpu:baseline_job", "inputs": inputs,
+                                 "timing": timing, "env": env,
+                                 "args": {"reference": to_obj(baseline)}}, timeout_s, worker)
+            out.baseline = base.payload.get("timing") if base.ok else None
+        return out
+
+    def time_baseline(self, reference: KernelGraph, *, seed: int = 0,
+                      timing: Mapping | None = None, worker: IsolatedWorker | None = None,
+                      timeout_s: float = 600.0) -> float | None:
+        """Timed in the isolated worker: its numpy threads follow the worker's environment."""
+        res = run_isolated({"call": "kernels.devices._cpu:baseline_job",
+                            "inputs": random_inputs(reference, seed), "env": self.worker_env(),
+                            "timing": {**TRIAL_TIMING, **(timing or {})},
+                            "args": {"reference": to_obj(reference)}}, timeout_s, worker)
+        return res.payload["timing"]["median_s"] if res.ok else None
+
+    def load(self, plan: KernelPlan, source: str) -> Callable[..., list]:
+        return CpuKernel(plan, compile_cpp(source))
+
+
+def baseline_job(inputs: list, expected: list, args: dict) -> dict:
+    """Worker side: the reference graph (``args["reference"]``) run op by op with numpy on the
+    job's float32 inputs, timed with the job's ``timing``."""
+    graph = from_obj(args["reference"])
+    xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
+    arith = FloatArith()
+    timing = measure(lambda: run(graph, xs, arith), **(args["timing"] or {}))
+    return {"status": "ok", "message": "", "timing": timing.as_dict()}
+
+
+class CpuKernel:
+    """A compiled plan called in this process through ctypes: ``kernel(*inputs, out=None)``.
+
+    Inputs and outputs are float32 C-contiguous arrays of the plan's shapes: numpy arrays,
+    torch CPU tensors or anything with ``__dlpack__`` are used in place (no copy); anything
+    else is converted.  Without ``out`` the outputs are new arrays (torch tensors when the first
+    input is one).  The pointer arrays and the ctypes signature are built once, and arrays
+    passed again are recognised by identity (the kernel holds them until the next call), so a
+    call costs a few microseconds over the kernel itself.
+
+    Only for kernels that already passed the device's isolated check: a faulty kernel here
+    would take this process down with it.
+    """
+
+    def __init__(self, plan: KernelPlan, library: str | Path) -> None:
+        self.plan = plan
+        self.library = Path(library)
+        self._in_shapes = [tuple(b.shape) for b in plan.inputs]
+        self._out_shapes = [tuple(b.shape) for b in plan.outputs]
+        self._ins = (ctypes.c_void_p * max(1, len(self._in_shapes)))()
+        self._outs = (ctypes.c_void_p * max(1, len(self._out_shapes)))()
+        self._fn = ctypes.CDLL(str(self.library)).kernel
+        self._fn.argtypes = [type(self._ins), type(self._outs)]
+        self._fn.restype = None
+        self._seen: list = [None] * (len(self._in_shapes) + len(self._out_shapes))
+
+    def __call__(self, *inputs: Any, out: Any = None, outputs: Any = None) -> list:
+        out = out if out is not None else outputs
+        if len(inputs) != len(self._in_shapes):
+            raise ValueError(f"{self.plan.name}: expected {len(self._in_shapes)} inputs, "
+                             f"got {len(inputs)}")
+        if out is None:
+            outs = [_new_like(inputs[0], s) for s in self._out_shapes]
+        else:
+            outs = [out] if len(self._out_shapes) == 1 and not isinstance(out, list | tuple) \
+                else list(out)
+            if len(outs) != len(self._out_shapes):
+                raise ValueError(f"{self.plan.name}: out= needs {len(self._out_shapes)} arrays")
+        keep = []  # what owns the memory (a converted copy) lives until the kernel returns
+        n = len(self._in_shapes)
+        for i, x in enumerate((*inputs, *outs)):
+            shape, ptrs, j = (self._in_shapes[i], self._ins, i) if i < n else \
+                (self._out_shapes[i - n], self._outs, i - n)
+            seen = self._seen[i]
+            if seen is not None and x is seen[0] and (
+                    seen[1] is None or (x.data_ptr() == seen[1] and x.shape == shape)):
+                continue
+            ptrs[j], owner, same = _address(x, shape, f"{'input' if i < n else 'output'} {j}",
+                                            self.plan, writable=i >= n)
+            keep.append(owner)
+            # numpy cannot move an array the kernel holds; a torch tensor can be resized in
+            # place, so its address and shape are checked again when it comes back
+            self._seen[i] = None if not same else (x, x.data_ptr() if same == "torch" else None)
+        self._fn(self._ins, self._outs)
+        return outs
+
+
+def _address(x: Any, shape: tuple, what: str, plan: KernelPlan,
+             writable: bool = False) -> tuple[int, Any, str]:
+    """(data address, the object owning it, how ``x`` may be recognised next time: "numpy",
+    "torch" or "" for not at all) of a float32 C-contiguous array of ``shape``, without a copy
+    where ``x`` allows one; outputs must be such arrays already."""
+    if type(x).__module__ == "torch":
+        if x.dtype.is_floating_point and x.element_size() == 4 and x.is_contiguous() and \
+                x.device.type == "cpu" and tuple(x.shape) == shape:
+            return x.data_ptr(), x, "torch"
+        if writable:
+            raise ValueError(f"{plan.name}: {what} must be a contiguous float32 CPU tensor "
+                             f"of shape {shape}")
+        x = x.detach().cpu().numpy()
+    elif not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
+        x = np.from_dlpack(x)
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous and \
+            x.shape == shape and (not writable or x.flags.writeable):
+        return x.__array_interface__["data"][0], x, "numpy" if type(x) is np.ndarray else ""
+    if writable:
+        raise ValueError(f"{plan.name}: {what} must be a C-contiguous, writable float32 array "
+                         f"of shape {shape}")
+    a = np.ascontiguousarray(x, np.float32)
+    if a.shape != shape:
+        raise ValueError(f"{plan.name}: {what} has shape {a.shape}, expected {shape}")
+    return a.__array_interface__["data"][0], a, ""
+
+
+def _new_like(first: Any, shape: tuple) -> Any:
+    if type(first).__module__ == "torch":
+        import torch  # the caller already has it loaded
+
+        return torch.empty(shape, dtype=torch.float32)
+    return np.empty(shape, np.float32)

@@ -1,0 +1,15 @@
+"""Rendering: one C-style printer, two dialects (CUDA; C++ with OpenMP), syntax only.
+
+``render(plan)`` prints a ``KernelPlan`` in the dialect of its device.  Both dialects are
+``CStyle`` with a handful of hooks overridden (types, conversions, kernel signature, how blocks
+are walked, synchronisation, combining a row's lanes), in the spirit of tinygrad's
+CStyleLanguage: one code generator, not two.  What to print is decided by lowering and read
+from the plan; a dialect only knows how to say it.
+"""
+
+from ._cpp import CppDialect
+from ._cstyle import CStyle
+from ._cuda import CudaDialect
+from ._render import DIALECTS, render
+
+__all__ = ["DIALECTS", "CStyle", "CppDialect", "CudaDialect", "render"]

@@ -1,0 +1,83 @@
+"""A checked cpu kernel called in this process (``Device.load``, what ``tuner.load`` returns):
+numpy arrays, DLPack arrays and torch tensors in place, ``out=``, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels import get_device, random_inputs
+from kernels.devices import reference
+from search.handwritten import handwritten
+from search.suite import load_program
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    program = load_program("softmax_rows", {"rows": 32, "cols": 64})
+    cpu = get_device("cpu")
+    plan = cpu.lower(handwritten(program), None, "sm")
+    res = cpu.check(plan, program.build())
+    assert res.ok, res.message
+    xs = random_inputs(program.build(), seed=3)
+    return cpu.load(plan, res.source), xs, reference(program.build(), xs)[0]
+
+
+class DLPackOnly:
+    """An array that offers nothing but the DLPack protocol."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_numpy_in_and_out(loaded):
+    kernel, (x,), want = loaded
+    (y,) = kernel(x)
+    np.testing.assert_allclose(y, want, rtol=1e-5)
+    out = np.full_like(x, np.nan)
+    assert kernel(x, out=out)[0] is out
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+    x2 = x * 2  # a new array at a new address: the identity fast path must not reuse the old
+    np.testing.assert_allclose(kernel(x2, out=out)[0], reference(
+        load_program("softmax_rows", {"rows": 32, "cols": 64}).build(), [x2])[0], rtol=1e-5)
+
+
+def test_dlpack_and_converted_inputs(loaded):
+    kernel, (x,), want = loaded
+    np.testing.assert_allclose(kernel(DLPackOnly(x))[0], want, rtol=1e-5)
+    np.testing.assert_allclose(kernel(x.astype(np.float64))[0], want, rtol=1e-5)  # converted
+    np.testing.assert_allclose(kernel(np.asfortranarray(x))[0], want, rtol=1e-5)
+
+
+def test_bad_calls_say_what_and_how(loaded):
+    kernel, (x,), _ = loaded
+    with pytest.raises(ValueError, match="expected 1 inputs, got 2"):
+        kernel(x, x)
+    with pytest.raises(ValueError, match=r"input 0 has shape \(64, 32\), expected \(32, 64\)"):
+        kernel(x.T.copy())
+    with pytest.raises(ValueError, match="output 0 must be a C-contiguous, writable float32"):
+        kernel(x, out=np.empty((32, 64), np.float64))
+
+
+def test_torch_tensors_in_place_and_resized():
+    torch = pytest.importorskip("torch", reason="torch is the bench extra")
+    program = load_program("softmax_rows", {"rows": 32, "cols": 64})
+    cpu = get_device("cpu")
+    plan = cpu.lower(handwritten(program), None, "sm")
+    kernel = cpu.load(plan, cpu.render(plan))
+    x = torch.from_numpy(random_inputs(program.build())[0])
+    (y,) = kernel(x)
+    assert isinstance(y, torch.Tensor)
+    want = reference(program.build(), [x.numpy()])[0]
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+    out = torch.empty(32, 64)
+    kernel(x, out=out)
+    out.resize_(64, 64)  # same object, new storage: must not be written at the old address
+    with pytest.raises(ValueError, match="output 0 must be a contiguous float32 CPU tensor"):
+        kernel(x, out=out)
