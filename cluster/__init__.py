@@ -2,7 +2,8 @@
 
 from .ranking import describe, rank
 from .runtime import LocalExecutor, RayExecutor, make_executor, start_ray, stop_ray
-from .search import SearchResult, ShardResult, search_program, verify_structure
+from .search import SearchResult, search_program
+from .search_tasks import ShardResult, verify_structure
 from .slots import MeasureSlot, ReplayPool, SlotPool
 
 __all__ = ["LocalExecutor", "MeasureSlot", "RayExecutor", "ReplayPool", "SearchResult", "ShardResult",

@@ -27,7 +27,7 @@ class LocalExecutor:
         self.queue.append((shard, payload))
 
     def next_result(self) -> Any | None:
-        from .search import run_and_verify
+        from .search_tasks import run_and_verify
 
         if not self.queue:
             return None
@@ -73,7 +73,7 @@ class RayExecutor:
         self.started = start_ray(workers, address)
         cpus = int(ray.cluster_resources().get("CPU", workers))
         self.workers = cpus if address else workers
-        from .search import run_and_verify
+        from .search_tasks import run_and_verify
 
         self.task = ray.remote(num_cpus=1, max_retries=max_retries)(run_and_verify)
         self.inflight: list = []

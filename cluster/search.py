@@ -10,7 +10,6 @@ on how many workers ran it.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -18,45 +17,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from search import KernelGraph, structural_hash
-from search.enumerate import Context, Limits, Shard, Stats, plan_configs, run_shard, split_shard
+from search.enumerate import Context, Limits, Shard, Stats, plan_configs, split_shard
 from search.lang import Program
 from search.serialize import from_obj, to_obj
 from search.suite import small_instance
-from verifier import DEFAULT_TESTS, equivalent
+from verifier import DEFAULT_TESTS
 
 from .ranking import describe, rank
 from .runtime import Executor, make_executor
+from .search_tasks import ShardResult
 
-_CONTEXTS: dict[tuple, tuple[Context, KernelGraph]] = {}
 SPLIT_FROM_OPS = 7  # with several workers, shards of this many block ops or more are split
-
-
-@dataclass
-class ShardResult:
-    shard_id: str
-    config_id: str
-    stats: Stats
-    verified: dict[str, dict]  # hash → canonical µGraph JSON object
-    checked: int = 0
-    rejected: int = 0
-    elapsed_s: float = 0.0
-
-    @property
-    def complete(self) -> bool:
-        """Whether the shard ran to its end (a shard cut by the deadline must run again)."""
-        return not self.stats.timed_out
-
-    def to_json(self) -> dict:
-        """A JSON object for the database, so a resumed job skips this shard."""
-        return {"shard_id": self.shard_id, "config_id": self.config_id,
-                "stats": asdict(self.stats), "verified": self.verified,
-                "checked": self.checked, "rejected": self.rejected,
-                "elapsed_s": self.elapsed_s}
-
-    @classmethod
-    def from_json(cls, obj: dict) -> ShardResult:
-        return cls(obj["shard_id"], obj["config_id"], Stats(**obj["stats"]),
-                   dict(obj["verified"]), obj["checked"], obj["rejected"], obj["elapsed_s"])
 
 
 @dataclass
@@ -98,86 +69,6 @@ def _limits_dict(limits: Limits) -> dict:
     d = asdict(limits)
     d["kernel_ops"], d["block_ops"] = list(d["kernel_ops"]), list(d["block_ops"])
     return d
-
-
-def _context(payload: dict) -> tuple[Context, KernelGraph]:
-    """One Context per worker process and job (saturating the target once)."""
-    key = (payload["reference_hash"], repr(payload["limits"]))
-    if key not in _CONTEXTS:
-        reference = from_obj(payload["reference"])
-        small = from_obj(payload["small"])
-        _CONTEXTS.clear()
-        _CONTEXTS[key] = (Context.build(reference, Limits(**payload["limits"])), small)
-    return _CONTEXTS[key]
-
-
-def verify_structure(structure: KernelGraph, small_reference: KernelGraph,
-                     tests: int = DEFAULT_TESTS) -> tuple[bool, str]:
-    """Verify at the small instance with every grid / for-loop symbol bound to 2."""
-    config = {s: 2 for s in sorted(structure.symbols())}
-    shapes = [small_reference.tensors[t].shape for t in small_reference.input_ids]
-    try:
-        small = structure.replay(shapes, config)
-    except ValueError as err:
-        return False, f"cannot instantiate small: {err}"
-    verdict = equivalent(small_reference, small, tests=tests)
-    if verdict.equivalent and verdict.output_map != sorted(verdict.output_map):
-        # equal up to output order: a structure returns its outputs in the program's order
-        return False, f"outputs in another order ({verdict.output_map})"
-    return verdict.equivalent, verdict.reason
-
-
-def run_and_verify(payload: dict, shard: Shard) -> ShardResult:
-    """The unit of distributed work: enumerate one shard, verify what it yields."""
-    _maybe_inject_fault(shard)
-    _normal_priority()
-    start = time.perf_counter()
-    ctx, small = _context(payload)
-    if payload.get("deadline"):
-        remaining = payload["deadline"] - time.time()
-        ctx.limits = Limits(**{**payload["limits"], "time_limit_s": max(0.01, remaining)})
-    found, stats = run_shard(ctx, shard)
-    verified: dict[str, dict] = {}
-    checked = rejected = 0
-    seen: set[str] = set()
-    for graph in found:
-        h = structural_hash(graph)
-        if h in seen:
-            continue
-        seen.add(h)
-        checked += 1
-        ok, _ = verify_structure(graph, small, payload.get("tests", DEFAULT_TESTS))
-        if ok:
-            verified[h] = to_obj(graph)
-        else:
-            rejected += 1
-    return ShardResult(shard.id, shard.config_id, stats, verified, checked, rejected,
-                       time.perf_counter() - start)
-
-
-def _normal_priority() -> None:
-    """Ray starts workers at nice 15; a shard is the job's main work, not background work."""
-    try:
-        if os.nice(0) > 0:
-            os.nice(-os.nice(0))
-    except OSError:
-        pass  # not allowed to raise priority here; run as we are
-
-
-def _maybe_inject_fault(shard: Shard) -> None:
-    """Fault injection for the kill test: the first task to run after the marker directory
-    is named kills its own worker process, once."""
-    marker_dir = os.environ.get("TUNER_FAULT_KILL_ONCE")
-    if not marker_dir:
-        return
-    marker = os.path.join(marker_dir, "killed")
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.write(fd, shard.id.encode())
-    os.close(fd)
-    os._exit(137)
 
 
 def search_program(program: Program, limits: Limits | None = None, *, workers: int = 1,

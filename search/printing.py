@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .dims import fmt_shape
-from .graph import BlockGraph, Graph, KernelGraph
+from .ops import BLOCK, KERNEL
+
+if TYPE_CHECKING:  # graph.py prints itself with this module: no import at run time
+    from .graph import BlockGraph, Graph, KernelGraph
 
 
 def _label(graph: Graph, tid: int) -> str:
@@ -26,9 +31,9 @@ def _lines(graph: Graph, indent: str) -> list[str]:
             continue
         outs = ", ".join(_label(graph, t) for t in op.outputs)
         info = graph.tensors[op.outputs[0]]
-        where = f" [{info.stage}]" if isinstance(graph, BlockGraph) else ""
+        where = f" [{info.stage}]" if graph.level == BLOCK else ""
         shapes = " ".join(fmt_shape(graph.tensors[t].shape) for t in op.outputs)
-        if op.kind == "input" and isinstance(graph, KernelGraph):
+        if op.kind == "input" and graph.level == KERNEL:
             call = "input()"
         lines.append(f"{indent}{outs} = {call}  : {shapes} {info.dtype}{where}")
         if op.kind == "graph_kernel":

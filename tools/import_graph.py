@@ -1,0 +1,204 @@
+"""Draw the project's import graph and check it: no circles, no upward arrows.
+
+    .venv/bin/python tools/import_graph.py [--mermaid | --dot] [--modules]
+
+Every ``import`` of every module of the packages counts, function-local ones included (they are
+where circles hide); imports under ``if TYPE_CHECKING:`` do not (they never run).  Two checks:
+
+- circles: no two modules import each other, directly or around a loop;
+- layers: a package imports only the packages below it (``LAYERS``, from the architecture
+  doc), and inside ``kernels`` the rooms follow hardware < lowering < rendering < devices <
+  the tuning helpers, so no arrow points up.
+
+Prints the package graph (``--modules``: the module graph) as Mermaid or Graphviz DOT and the
+violations; exits 1 when there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("search", "verifier", "kernels", "db", "costmodel", "cluster", "tuner")
+# what each package may import (architecture.md); a package not here may import nothing ours
+LAYERS = {
+    "search": set(),
+    "db": set(),
+    "verifier": {"search"},
+    "kernels": {"search", "verifier"},
+    "costmodel": {"search", "kernels", "db"},
+    "cluster": {"search", "verifier", "kernels", "db"},
+    "tuner": {"search", "verifier", "kernels", "db", "costmodel", "cluster"},
+}
+# the rooms of kernels, bottom first: a room may import the rooms before it
+KERNEL_ROOMS = ("kernels.hardware", "kernels.lowering", "kernels.rendering", "kernels.devices",
+                ("kernels.configspace", "kernels.speedup"))
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in node.body:
+                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return lines
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The project modules ``path`` imports (relative imports resolved; ``from pkg import
+    sub`` counts as importing ``pkg.sub`` when that is a module)."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_lines(tree)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")
+                up = up[:len(up) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                     for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != me:
+                out.add(name)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES if (ROOT / pkg).is_dir()
+             for p in sorted((ROOT / pkg).rglob("*.py"))]
+    modules = {module_name(p) for p in files}
+    return {module_name(p): imports_of(p, modules) for p in files}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _room(module: str) -> int | None:
+    for i, room in enumerate(KERNEL_ROOMS):
+        for r in (room if isinstance(room, tuple) else (room,)):
+            if module == r or module.startswith(r + "."):
+                return i
+    return None
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Arrows that point up: across packages against LAYERS, inside kernels against its rooms."""
+    out = []
+    for a, targets in sorted(edges.items()):
+        pa = a.split(".")[0]
+        for b in sorted(targets):
+            pb = b.split(".")[0]
+            if pa != pb and pb not in LAYERS.get(pa, set()):
+                out.append(f"{a} -> {b} ({pa} may not import {pb})")
+            elif pa == pb == "kernels":
+                ra, rb = _room(a), _room(b)
+                if ra is not None and rb is not None and rb > ra:
+                    out.append(f"{a} -> {b} (a lower kernels room imports a higher one)")
+    return out
+
+
+def node_of(module: str) -> str:
+    """A module's node in the drawn graph: its package, or its room inside kernels."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "kernels" and len(parts) > 1 else parts[0]
+
+
+def collapse(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The package graph (kernels shown as its rooms)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for a, targets in edges.items():
+        ca = node_of(a)
+        out[ca]
+        for b in targets:
+            if node_of(b) != ca:
+                out[ca].add(node_of(b))
+    return dict(out)
+
+
+def draw(edges: dict[str, set[str]], fmt: str) -> str:
+    ident = {n: n.replace(".", "_") for n in edges}
+    if fmt == "dot":
+        lines = ["digraph imports {", "  rankdir=BT;"]
+        lines += [f'  "{a}" -> "{b}";' for a in sorted(edges) for b in sorted(edges[a])]
+        return "\n".join([*lines, "}"])
+    lines = ["graph BT"]
+    lines += [f"  {ident[a]}[{a}]" for a in sorted(edges)]
+    lines += [f"  {ident[a]} --> {ident.get(b, b.replace('.', '_'))}"
+              for a in sorted(edges) for b in sorted(edges[a])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--mermaid", action="store_const", dest="fmt", const="mermaid")
+    fmt.add_argument("--dot", action="store_const", dest="fmt", const="dot")
+    parser.add_argument("--modules", action="store_true", help="every module, not packages")
+    args = parser.parse_args(argv)
+    edges = graph()
+    shown = edges if args.modules else collapse(edges)
+    print(draw(shown, args.fmt or "mermaid"))
+    problems = [f"circle: {' <-> '.join(c)}" for c in cycles(edges)] + upward(edges)
+    for p in problems:
+        print(p, file=sys.stderr)
+    print(f"# {len(edges)} modules, {sum(map(len, edges.values()))} imports, "
+          f"{len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
