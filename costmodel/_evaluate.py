@@ -1,0 +1,76 @@
+"""Honest evaluation: the same splits for every model, folds that hold out whole programs or
+whole devices, and the metrics of ``_metrics`` per fold and averaged.
+
+- ``random``: rows shuffled, 20% held out (configs of a structure seen in training: the
+  easiest case, what seed 001 calls its random split);
+- ``program``: leave one program (structure family, Kernel Tuner kernel) out — the paper's
+  "dissimilar" split;
+- ``device``: leave one device out: can timings on other hardware rank this one's configs?
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ._features import Sample
+from ._metrics import evaluate
+from ._models import make_model
+
+SPLITS = ("random", "program", "device")
+
+
+def folds(samples: Sequence[Sample], split: str, seed: int = 0
+          ) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``[(name of the held-out part, train indices, test indices)]`` for ``split``."""
+    n = len(samples)
+    if split == "random":
+        order = np.random.default_rng(seed).permutation(n)
+        cut = int(0.8 * n)
+        return [("random 20%", np.sort(order[:cut]), np.sort(order[cut:]))]
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    key = (lambda s: s.program) if split == "program" else (lambda s: s.device)
+    values = sorted({key(s) for s in samples})
+    if len(values) < 2:
+        raise ValueError(f"--split {split} needs samples of at least two {split}s; "
+                         f"these have {values}")
+    out = []
+    for v in values:
+        test = np.asarray([i for i, s in enumerate(samples) if key(s) == v])
+        train = np.asarray([i for i, s in enumerate(samples) if key(s) != v])
+        out.append((v, train, test))
+    return out
+
+
+def cross_validate(samples: Sequence[Sample], split: str, kinds: Sequence[str] = (
+        "roofline", "gbdt", "graphsage"), *, seed: int = 0, options: dict | None = None,
+        progress: Callable[[str], None] | None = None) -> dict:
+    """Train every model kind on each fold's training rows, score it on the held-out rows.
+
+    Returns ``{"split", "folds": {kind: [fold metrics + "test"]}, "mean": {kind: metrics}}``;
+    a model that cannot predict a fold (the roofline on Kernel Tuner spaces) is null there."""
+    result: dict = {"split": split, "folds": {k: [] for k in kinds}, "mean": {}}
+    for name, train, test in folds(samples, split, seed):
+        tr = [samples[i] for i in train]
+        te = [samples[i] for i in test]
+        truth = [s.seconds for s in te]
+        for kind in kinds:
+            model = make_model(kind, **(options or {}).get(kind, {}))
+            if progress:
+                progress(f"{split} fold {name!r}: {kind} on {len(tr)} rows, test {len(te)}")
+            model.fit(tr, progress=progress, seed=seed)
+            pred = model.predict(te)
+            if not np.all(np.isfinite(pred)):
+                result["folds"][kind].append(None)
+                continue
+            result["folds"][kind].append({"test": name, **evaluate([s.group for s in te],
+                                                                   truth, pred)})
+    for kind, rows in result["folds"].items():
+        rows = [r for r in rows if r is not None]
+        result["mean"][kind] = {k: float(np.mean([r[k] for r in rows])) for k in (
+            "kendall_tau", "top1_slowdown", "top5_recall", "mape") if rows and not any(
+            isinstance(r[k], float) and math.isnan(r[k]) for r in rows)} if rows else None
+    return result

@@ -1,0 +1,228 @@
+"""What the cost model sees: a kernel as a graph of ops with features, plus the device.
+
+Seed 001's model reads each kernel as a graph: per node an opcode (embedded) and scalar
+features (shapes, layout), per kernel the tiling and static counts (FLOPs, bytes), and the
+data flow as edges.  Ours, from what lowering already computes (``kernels.lower`` and
+``kernels.estimate``):
+
+- a node per compute op of the bound µGraph — a predefined kernel op, or an op of a
+  graph-defined kernel's block graph — with its output shape (log2, right-aligned), its stage
+  (before, in, after the for-loop), the AStitch memory level lowering chose for it (local,
+  regional, global), bytes and FLOPs per block, and the features of the kernel it runs in
+  (blocks, threads, lanes, split, vpack, for-loop range, shared memory, barrier, how much of
+  the device its grid fills);
+- edges along the data flow;
+- graph features: total bytes, FLOPs, launches, the roofline estimate, and the device (peak
+  bandwidth and FLOP/s, SMs or cores, caches, kind) from the device table.
+
+A Kernel Tuner configuration has no µGraph: it is one node whose features are the tunable
+parameters' values (log2) and the problem size, on the same device features.  Every vector
+has a fixed width, so one model reads both.  ``FEATURE_VERSION`` changes whenever a vector's
+meaning does; a stored model is only used with features of its version.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
+from search import OPS, KernelGraph
+
+FEATURE_VERSION = 1
+OPCODES = ["<pad>", "kt_config", *sorted(k for k in OPS if k not in ("input", "output")),
+           "input", "output"]
+OPCODE = {name: i for i, name in enumerate(OPCODES)}
+MAX_RANK = 4
+KT_PARAMS = 12  # Kernel Tuner parameters kept per configuration (more are dropped)
+STAGES = ("kernel", "pre", "body", "post")
+LEVELS = (Level.LOCAL, Level.REGIONAL, Level.GLOBAL)
+KERNEL_DIM = 10
+NODE_DIM = MAX_RANK + 1 + len(STAGES) + len(LEVELS) + 2 + 2 + KERNEL_DIM + KT_PARAMS + 3
+DEVICE_DIM = 9
+GRAPH_DIM = 6 + DEVICE_DIM
+
+
+@dataclass
+class Sample:
+    """One measured (or to be predicted) kernel: its graph, the group it is ranked within,
+    and its time.  ``group`` is what configs are compared inside (a structure, or a Kernel
+    Tuner space, on one device); ``program`` what a held-out split keeps apart."""
+
+    group: str
+    program: str
+    device: str
+    opcodes: np.ndarray  # (n,) int64
+    nodes: np.ndarray  # (n, NODE_DIM) float32
+    edges: np.ndarray  # (2, e) int64, node indices
+    graph: np.ndarray  # (GRAPH_DIM,) float32
+    seconds: float = math.nan
+    estimate_s: float = math.nan  # the roofline's (nan where there is none)
+    config: Mapping | None = None
+
+    def flat(self) -> np.ndarray:
+        """Graph features, pooled node features and an opcode histogram: what the
+        gradient-boosted trees read."""
+        hist = np.bincount(self.opcodes, minlength=len(OPCODES)).astype(np.float32)
+        return np.concatenate([self.graph, self.nodes.mean(0), self.nodes.max(0),
+                               self.nodes.sum(0), hist]).astype(np.float32)
+
+
+def _log2(x: float) -> float:
+    return math.log2(1.0 + max(0.0, float(x)))
+
+
+def device_features(spec: DeviceSpec) -> list[float]:
+    """Peak bandwidth and FLOP/s, parallel units, caches and kind, log-scaled."""
+    return [math.log10(max(spec.mem_bandwidth_gbs, 1e-3)), math.log10(spec.peak_fp32_flops),
+            math.log10(max(spec.peak_fp16_tensor_flops, 1.0)), _log2(spec.sm_count),
+            _log2(spec.l1_bytes), _log2(spec.l2_bytes), _log2(spec.llc_bytes),
+            float(spec.kind == "cpu"), float(spec.kind != "cpu")]
+
+
+def _shape(shape: Sequence) -> list[float]:
+    dims = [_log2(int(d)) for d in shape][-MAX_RANK:]
+    return [0.0] * (MAX_RANK - len(dims)) + dims + [_log2(math.prod(int(d) for d in shape))]
+
+
+def _one_hot(value, choices) -> list[float]:
+    return [float(value == c) for c in choices]
+
+
+def _kernel_features(plan: KernelPlan, spec: DeviceSpec) -> dict[int, list[float]]:
+    """Per kernel-graph op index, the features of the (first) kernel lowering made of it."""
+    out: dict[int, list[float]] = {}
+    for k in plan.kernels:
+        op = int(k.name.rsplit("_k", 1)[1].split("_")[0])
+        if op in out:
+            continue
+        m = k.mapping
+        out[op] = [_log2(k.blocks), _log2(m.threads), _log2(m.lanes), _log2(m.split),
+                   _log2(m.vpack), _log2(k.forloop), _log2(k.smem_bytes),
+                   float(k.barrier != "none"), float(len(k.phases)),
+                   min(1.0, k.blocks / spec.sm_count)]
+    return out
+
+
+def _levels(plan: KernelPlan) -> dict[tuple[int, int], Level]:
+    """(kernel-graph op index, block tensor id) -> the level its tile was given."""
+    out: dict[tuple[int, int], Level] = {}
+    for k in plan.kernels:
+        op = int(k.name.rsplit("_k", 1)[1].split("_")[0])
+        for name, b in k.buffers.items():
+            if name.startswith(("b_t", "p_t")) and name[3:].isdigit():
+                out.setdefault((op, int(name[3:])), b.level)
+    return out
+
+
+def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: DeviceSpec, *,
+              group: str = "", program: str = "", device: str = "") -> Sample:
+    """The sample of ``structure`` bound by ``config`` on ``spec`` (lowered once)."""
+    plan = lower(structure, config, spec, "cm")
+    bound = structure.bind({k: int(v) for k, v in plan.config.items()
+                            if k in structure.symbols()}) if structure.symbols() else structure
+    kfeat, levels = _kernel_features(plan, spec), _levels(plan)
+    est = estimate(structure, config, spec)
+    opcodes: list[int] = []
+    nodes: list[list[float]] = []
+    edges: list[tuple[int, int]] = []
+    producer: dict[int, int] = {}  # kernel tensor id -> node that produced it
+
+    def node(kind: str, shape, stage: str, level, nbytes: float, flops: float,
+             kern: list[float]) -> int:
+        opcodes.append(OPCODE[kind])
+        nodes.append([*_shape(shape), *_one_hot(stage, STAGES), *_one_hot(level, LEVELS),
+                      _log2(nbytes), _log2(flops), *kern, *([0.0] * (KT_PARAMS + 3))])
+        return len(nodes) - 1
+
+    index = 0
+    for op in bound.ops:
+        if op.kind == "input":
+            t = op.outputs[0]
+            producer[t] = node("input", bound.tensors[t].shape, "kernel", Level.GLOBAL,
+                               4 * math.prod(bound.tensors[t].shape), 0, [0.0] * KERNEL_DIM)
+            continue
+        if op.kind == "output":
+            out = node("output", bound.tensors[op.inputs[0]].shape, "kernel", Level.GLOBAL, 0,
+                       0, [0.0] * KERNEL_DIM)
+            edges.append((producer[op.inputs[0]], out))
+            continue
+        kern = kfeat.get(index, [0.0] * KERNEL_DIM)
+        if op.kind != "graph_kernel":
+            shape = bound.tensors[op.outputs[0]].shape
+            n = node(op.kind, shape, "kernel", Level.GLOBAL,
+                     4 * sum(math.prod(bound.tensors[t].shape) for t in op.inputs + op.outputs),
+                     _flops(op.kind, [bound.tensors[t].shape for t in op.inputs], shape), kern)
+            edges += [(producer[t], n) for t in op.inputs]
+            producer[op.outputs[0]] = n
+        else:
+            _block_nodes(op, bound, index, kern, levels, node, edges, producer)
+        index += 1
+    graph = [_log2(est.bytes_moved), _log2(est.flops), float(est.launches),
+             math.log10(max(est.seconds, 1e-9)), min(r[-1] for r in kfeat.values()) if kfeat
+             else 1.0, float(len(plan.kernels)), *device_features(spec)]
+    return Sample(group, program, device, np.asarray(opcodes, np.int64),
+                  np.asarray(nodes, np.float32),
+                  np.asarray(edges, np.int64).T.reshape(2, -1), np.asarray(graph, np.float32),
+                  estimate_s=est.seconds, config=dict(plan.config))
+
+
+def _block_nodes(op, bound: KernelGraph, index: int, kern: list[float], levels, node, edges,
+                 producer) -> None:
+    """Nodes and edges of one graph-defined kernel's block graph."""
+    bg = op.attrs["block_graph"]
+    local: dict[int, int] = {}
+    outs = iter(op.outputs)
+    for bop in bg.ops:
+        if bop.kind == "input":
+            t = bop.outputs[0]
+            shape = bg.tensors[t].shape
+            reads = int(bg.forloop_range) if bop.attrs["fmap"] >= 0 else 1
+            n = node("input", shape, "pre" if reads == 1 else "body", Level.GLOBAL,
+                     4 * math.prod(shape) * reads, 0, kern)
+            src = op.inputs[bop.attrs["index"]]
+            edges.append((producer[src], n))
+            local[t] = n
+            continue
+        if bop.kind == "output":
+            shape = bg.tensors[bop.inputs[0]].shape
+            n = node("output", shape, "post", Level.GLOBAL, 4 * math.prod(shape), 0, kern)
+            edges.append((local[bop.inputs[0]], n))
+            producer[next(outs)] = n
+            continue
+        t = bop.outputs[0]
+        tensor = bg.tensors[t]
+        shape = tensor.shape
+        times = int(bg.forloop_range) if tensor.stage == "body" else 1
+        flops = _flops(bop.kind, [bg.tensors[i].shape for i in bop.inputs], shape) * times
+        n = node(bop.kind, shape, tensor.stage, levels.get((index, t), Level.LOCAL), 0,
+                 flops, kern)
+        edges += [(local[i], n) for i in bop.inputs]
+        local[t] = n
+
+
+def _flops(kind: str, in_shapes: list, out_shape) -> float:
+    out = math.prod(int(d) for d in out_shape) if out_shape else 1
+    if kind == "matmul":
+        return 2.0 * out * int(in_shapes[0][-1])
+    if kind in ("sum", "mean", "rms_norm", "accum"):
+        return float(math.prod(int(d) for d in in_shapes[0]))
+    return float(out)
+
+
+def featurize_params(params: Mapping[str, float], keys: Sequence[str],
+                     problem_size: Sequence[int], spec: DeviceSpec, *, group: str,
+                     program: str, device: str) -> Sample:
+    """A Kernel Tuner configuration as a one-node graph: its parameters (in ``keys``' order,
+    log2 of 1 + value) and the problem size, on ``spec``'s device features."""
+    values = [_log2(float(params[k])) for k in keys][:KT_PARAMS]
+    size = [_log2(d) for d in list(problem_size)[:3]]
+    vec = [0.0] * (NODE_DIM - KT_PARAMS - 3) + values + [0.0] * (KT_PARAMS - len(values)) + \
+        size + [0.0] * (3 - len(size))
+    graph = [0.0] * 6 + device_features(spec)
+    return Sample(group, program, device, np.asarray([OPCODE["kt_config"]], np.int64),
+                  np.asarray([vec], np.float32), np.zeros((2, 0), np.int64),
+                  np.asarray(graph, np.float32), config=dict(params))

@@ -1,0 +1,49 @@
+"""How well predicted times rank and match measured ones, per group and overall.
+
+Ranking is what a tuner needs from a model (which configs to measure), so the rank metrics
+are computed per group (one structure, or one Kernel Tuner space, on one device) and averaged
+over groups: Kendall's tau between predicted and measured times, the top-1 slowdown (the true
+time of the config the model ranks first over the true best, minus one: what trusting the model
+blindly costs) and the top-5 recall (how many of the 5 fastest the model puts in its top 5).
+MAPE is over all rows, in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.stats import kendalltau
+
+
+def group_metrics(true_s: np.ndarray, pred_s: np.ndarray) -> dict[str, float]:
+    """Metrics of one group (at least 2 rows for tau)."""
+    order = np.argsort(pred_s, kind="stable")
+    best = float(np.min(true_s))
+    k = min(5, len(true_s))
+    true_top = set(np.argsort(true_s, kind="stable")[:k].tolist())
+    out = {"top1_slowdown": float(true_s[order[0]] / best - 1.0),
+           "top5_recall": len(true_top & set(order[:k].tolist())) / k}
+    if len(true_s) > 1:
+        tau = kendalltau(pred_s, true_s).statistic
+        out["kendall_tau"] = float(tau) if not math.isnan(tau) else 0.0
+    return out
+
+
+def evaluate(groups: Sequence[str], true_s: Sequence[float], pred_s: Sequence[float]
+             ) -> dict[str, float]:
+    """``{"n", "groups", "kendall_tau", "top1_slowdown", "top5_recall", "mape"}``: rank
+    metrics averaged over the groups, MAPE over all rows."""
+    true_s, pred_s = np.asarray(true_s, np.float64), np.asarray(pred_s, np.float64)
+    rows: dict[str, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        rows[g].append(i)
+    per = [group_metrics(true_s[idx], pred_s[idx]) for idx in rows.values()]
+    out: dict[str, float] = {"n": int(len(true_s)), "groups": len(rows)}
+    for key in ("kendall_tau", "top1_slowdown", "top5_recall"):
+        vals = [p[key] for p in per if key in p]
+        out[key] = float(np.mean(vals)) if vals else math.nan
+    out["mape"] = float(np.mean(np.abs(pred_s - true_s) / true_s))
+    return out

@@ -1,0 +1,247 @@
+"""Three models behind one face: the roofline, gradient-boosted trees, GraphSAGE (seed 001).
+
+``fit(samples)`` learns log seconds; ``predict(samples)`` returns seconds; ``to_bytes`` /
+``load_model`` move a trained model through the database.  The roofline is the analytical
+estimate lowering already makes, with one scale per device fitted on the training rows (it is
+a lower bound, so raw its MAPE says little); the trees (LightGBM) read flat features, the
+TenSet / MetaSchedule anchor; GraphSAGE reads the op graph as the seed paper does: opcode
+embeddings concatenated with node and graph features, SAGE convolutions along the data flow,
+mean / max / sum pooling, a feed-forward head, trained on the paper's two objectives at once —
+squared error of log time (its fusion task) and a pairwise logistic rank loss between configs
+of one group (its tile task).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import time
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ._features import FEATURE_VERSION, GRAPH_DIM, NODE_DIM, OPCODES, Sample
+
+MODEL_KINDS = ("roofline", "gbdt", "graphsage")
+
+
+class CostModel(ABC):
+    kind: str
+
+    def __init__(self) -> None:
+        self.feature_version = FEATURE_VERSION
+
+    @abstractmethod
+    def fit(self, samples: Sequence[Sample], *, progress: Callable[[str], None] | None = None,
+            seed: int = 0) -> None: ...
+
+    @abstractmethod
+    def predict(self, samples: Sequence[Sample]) -> np.ndarray:
+        """Predicted seconds per sample (nan where the model cannot say)."""
+
+    def to_bytes(self) -> bytes:
+        return pickle.dumps(self)
+
+
+def load_model(blob: bytes) -> CostModel:
+    """A model from ``to_bytes``; refuses one made for other features."""
+    model = pickle.loads(blob)  # noqa: S301 - our own database's blobs
+    if getattr(model, "feature_version", None) != FEATURE_VERSION:
+        raise ValueError(f"the stored model reads features of version {model.feature_version}, "
+                         f"this code makes version {FEATURE_VERSION}: train it again")
+    return model
+
+
+def make_model(kind: str, **options) -> CostModel:
+    if kind == "roofline":
+        return RooflineModel()
+    if kind == "gbdt":
+        return GbdtModel(**options)
+    if kind == "graphsage":
+        return SageModel(**options)
+    raise ValueError(f"unknown model kind {kind!r}; use one of {', '.join(MODEL_KINDS)}")
+
+
+class RooflineModel(CostModel):
+    """The roofline estimate times one scale per device (the median measured / estimated
+    ratio of the training rows; 1 for a device it never saw)."""
+
+    kind = "roofline"
+
+    def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
+        ratios: dict[str, list[float]] = defaultdict(list)
+        for s in samples:
+            if s.estimate_s > 0 and math.isfinite(s.estimate_s):
+                ratios[s.device].append(s.seconds / s.estimate_s)
+        self.scale = {d: float(np.median(r)) for d, r in ratios.items()}
+
+    def predict(self, samples: Sequence[Sample]) -> np.ndarray:
+        return np.asarray([s.estimate_s * self.scale.get(s.device, 1.0) for s in samples])
+
+
+class GbdtModel(CostModel):
+    """LightGBM on flat features (``Sample.flat``), regressing log seconds."""
+
+    kind = "gbdt"
+
+    def __init__(self, trees: int = 400, leaves: int = 63, threads: int = 2) -> None:
+        super().__init__()
+        self.trees, self.leaves, self.threads = trees, leaves, threads
+
+    def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
+        import lightgbm
+
+        x = np.stack([s.flat() for s in samples])
+        y = np.log([s.seconds for s in samples])
+        params = {"objective": "regression", "num_leaves": self.leaves, "learning_rate": 0.05,
+                  "min_data_in_leaf": 5, "bagging_fraction": 0.9, "bagging_freq": 1,
+                  "feature_fraction": 0.9, "num_threads": self.threads, "seed": seed,
+                  "verbose": -1}
+        self.booster = lightgbm.train(params, lightgbm.Dataset(x, y), self.trees)
+
+    def predict(self, samples: Sequence[Sample]) -> np.ndarray:
+        return np.exp(self.booster.predict(np.stack([s.flat() for s in samples])))
+
+
+class SageModel(CostModel):
+    """GraphSAGE over the op graph (see the module docstring)."""
+
+    kind = "graphsage"
+
+    def __init__(self, hidden: int = 64, layers: int = 2, steps: int = 3000,
+                 batch_groups: int = 4, group_rows: int = 64, rank_weight: float = 1.0,
+                 time_budget_s: float = 600.0, threads: int = 2) -> None:
+        super().__init__()
+        self.hidden, self.layers, self.steps = hidden, layers, steps
+        self.batch_groups, self.group_rows = batch_groups, group_rows
+        self.rank_weight, self.time_budget_s, self.threads = rank_weight, time_budget_s, threads
+        self.state: bytes | None = None
+
+    # ---------------------------------------------------------------- the network
+    def _net(self):
+        import torch
+        from torch import nn
+        from torch_geometric.nn import SAGEConv, global_max_pool, global_mean_pool
+
+        hidden, layers = self.hidden, self.layers
+
+        class Net(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(len(OPCODES), 16)
+                self.inp = nn.Linear(16 + NODE_DIM + GRAPH_DIM, hidden)
+                self.convs = nn.ModuleList(SAGEConv(hidden, hidden) for _ in range(layers))
+                self.head = nn.Sequential(nn.Linear(3 * hidden + GRAPH_DIM, hidden), nn.ReLU(),
+                                          nn.Linear(hidden, 1))
+
+            def forward(self, op, x, edge, batch, g):
+                h = torch.relu(self.inp(torch.cat([self.embed(op), x, g[batch]], 1)))
+                for conv in self.convs:
+                    h = h + torch.relu(conv(h, edge))
+                size = g.shape[0]
+                summed = torch.zeros(size, h.shape[1]).index_add_(0, batch, h)
+                pooled = torch.cat([global_mean_pool(h, batch, size),
+                                    global_max_pool(h, batch, size), summed], 1)
+                return self.head(torch.cat([pooled, g], 1)).squeeze(1)
+
+        return Net()
+
+    def _batch(self, samples: Sequence[Sample]):
+        import torch
+
+        ops, xs, edges, batch, offset = [], [], [], [], 0
+        for i, s in enumerate(samples):
+            ops.append(s.opcodes)
+            xs.append(s.nodes)
+            edges.append(s.edges + offset)
+            batch.append(np.full(len(s.opcodes), i, np.int64))
+            offset += len(s.opcodes)
+        g = np.stack([s.graph for s in samples])
+        x = (np.concatenate(xs) - self.node_mu) / self.node_sd
+        g = (g - self.graph_mu) / self.graph_sd
+        return (torch.from_numpy(np.concatenate(ops)), torch.from_numpy(x.astype(np.float32)),
+                torch.from_numpy(np.concatenate(edges, 1)), torch.from_numpy(np.concatenate(batch)),
+                torch.from_numpy(g.astype(np.float32)))
+
+    # ---------------------------------------------------------------- training
+    def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+        torch.set_num_threads(self.threads)
+        rng = np.random.default_rng(seed)
+        nodes = np.concatenate([s.nodes for s in samples])
+        graphs = np.stack([s.graph for s in samples])
+        self.node_mu, self.node_sd = nodes.mean(0), nodes.std(0) + 1e-6
+        self.graph_mu, self.graph_sd = graphs.mean(0), graphs.std(0) + 1e-6
+        logt = np.log([s.seconds for s in samples])
+        self.y_mu, self.y_sd = float(logt.mean()), float(logt.std() + 1e-6)
+        y = torch.from_numpy(((logt - self.y_mu) / self.y_sd).astype(np.float32))
+        by_group: dict[str, list[int]] = defaultdict(list)
+        for i, s in enumerate(samples):
+            by_group[s.group].append(i)
+        groups = [np.asarray(v) for v in by_group.values()]
+        weights = np.asarray([len(g) for g in groups], np.float64) ** 0.5
+        weights /= weights.sum()
+        net = self._net()
+        opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, self.steps)
+        start, loss_avg = time.perf_counter(), None
+        for step in range(self.steps):
+            picked = rng.choice(len(groups), size=min(self.batch_groups, len(groups)),
+                                replace=False, p=weights)
+            idx = np.concatenate([rng.choice(groups[g], size=min(self.group_rows,
+                                                                 len(groups[g])),
+                                             replace=False) for g in picked])
+            pred = net(*self._batch([samples[i] for i in idx]))
+            target = y[idx]
+            loss = torch.mean((pred - target) ** 2)
+            if self.rank_weight:
+                gid = torch.from_numpy(np.repeat(np.arange(len(picked)), [
+                    min(self.group_rows, len(groups[g])) for g in picked]))
+                same = gid[:, None] == gid[None, :]
+                slower = (target[:, None] - target[None, :]) > 1e-3  # i measured slower than j
+                pairs = same & slower
+                if pairs.any():
+                    diff = pred[:, None] - pred[None, :]
+                    loss = loss + self.rank_weight * torch.nn.functional.softplus(-diff)[
+                        pairs].mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss_avg = float(loss) if loss_avg is None else 0.98 * loss_avg + 0.02 * float(loss)
+            if progress and (step % 250 == 0 or step == self.steps - 1):
+                progress(f"graphsage step {step + 1}/{self.steps} loss {loss_avg:.4f}")
+            if time.perf_counter() - start > self.time_budget_s:
+                if progress:
+                    progress(f"graphsage: time budget reached at step {step + 1}")
+                break
+        buf = io.BytesIO()
+        torch.save(net.state_dict(), buf)
+        self.state = buf.getvalue()
+        self._module = net
+
+    def predict(self, samples: Sequence[Sample], batch: int = 4096) -> np.ndarray:
+        import torch
+
+        net = getattr(self, "_module", None)
+        if net is None:
+            net = self._net()
+            net.load_state_dict(torch.load(io.BytesIO(self.state), weights_only=True))
+            self._module = net
+        net.eval()
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(samples), batch):
+                out.append(net(*self._batch(samples[i:i + batch])).numpy())
+        logt = np.concatenate(out) * self.y_sd + self.y_mu if out else np.zeros(0)
+        return np.exp(logt)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_module", None)  # the weights travel as ``state`` bytes
+        return state
