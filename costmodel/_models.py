@@ -213,7 +213,8 @@ class SageModel(CostModel):
             loss.backward()
             opt.step()
             sched.step()
-            loss_avg = float(loss) if loss_avg is None else 0.98 * loss_avg + 0.02 * float(loss)
+            value = float(loss.detach())
+            loss_avg = value if loss_avg is None else 0.98 * loss_avg + 0.02 * value
             if progress and (step % 250 == 0 or step == self.steps - 1):
                 progress(f"graphsage step {step + 1}/{self.steps} loss {loss_avg:.4f}")
             if time.perf_counter() - start > self.time_budget_s:

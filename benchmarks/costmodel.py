@@ -1,0 +1,120 @@
+"""How well do the cost models rank configurations they have not measured?
+
+    .venv/bin/python benchmarks/costmodel.py [--caches DIR] [--spaces convolution,dedispersion]
+        [--splits device,random] [--models roofline,gbdt,graphsage] [--steps 3000]
+        [--sweep FILE.jsonl.gz ...] [--json OUT]
+
+For every Kernel Tuner space (one kernel, six GPUs: ``../shared/data/kernel_tuner_caches``)
+and every split, trains each model on the training rows of each fold and scores the held-out
+rows (``costmodel.cross_validate``): mean Kendall tau and top-1 slowdown per space (one kernel
+on one GPU), top-5 recall, MAPE.  ``--split device`` is leave-one-GPU-out, the issue's main
+figure; ``random`` holds out 20% of rows.  ``--sweep`` adds our own measured kernels (files of
+``benchmarks/sweep.py``) as one more dataset, split by program.  Also prints training seconds
+and prediction throughput (configs/s) per model, and the CPU it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from costmodel import (  # noqa: E402
+    concat,
+    cross_validate,
+    kernel_tuner_samples,
+    make_model,
+    read_kernel_tuner,
+    sweep_samples,
+)
+
+METRICS = ("kendall_tau", "top1_slowdown", "top5_recall", "mape")
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def datasets(args) -> dict[str, list]:
+    out = {}
+    for space in args.spaces.split(","):
+        files = sorted((Path(args.caches) / space).glob("*.json*"))
+        if not files:
+            sys.exit(f"error: no Kernel Tuner caches under {Path(args.caches) / space}")
+        out[space] = concat(*(kernel_tuner_samples(read_kernel_tuner(f)) for f in files))
+    for path in args.sweep:
+        out[Path(path).name] = list(sweep_samples(path))
+    return out
+
+
+def throughput(samples, models, steps: int) -> dict:
+    """Seconds to train on all rows and configs/s predicted, per model."""
+    out = {}
+    for kind in models:
+        model = make_model(kind, **({"steps": steps} if kind == "graphsage" else {}))
+        start = time.perf_counter()
+        model.fit(samples)
+        train_s = time.perf_counter() - start
+        start = time.perf_counter()
+        model.predict(samples)
+        out[kind] = {"rows": len(samples), "train_s": round(train_s, 2),
+                     "predict_per_s": round(len(samples) / (time.perf_counter() - start))}
+    return out
+
+
+def show(name: str, split: str, result: dict) -> None:
+    print(f"\n{name} — split {split}")
+    print(f"  {'model':<10} " + " ".join(f"{m:>14}" for m in METRICS))
+    for kind, mean in result["mean"].items():
+        cells = ([f"{mean[m]:14.3f}" if m in mean else f"{'-':>14}" for m in METRICS]
+                 if mean else [f"{'n/a':>14}"] * len(METRICS))
+        print(f"  {kind:<10} " + " ".join(cells))
+    for kind, folds in result["folds"].items():
+        row = ", ".join(f"{f['test']}: tau {f['kendall_tau']:.2f} top1 "
+                        f"{100 * f['top1_slowdown']:.1f}%" for f in folds if f)
+        if row:
+            print(f"    {kind}: {row}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--caches", default=str(ROOT.parent / "shared/data/kernel_tuner_caches"))
+    ap.add_argument("--spaces", default="convolution,dedispersion")
+    ap.add_argument("--splits", default="device,random")
+    ap.add_argument("--models", default="roofline,gbdt,graphsage")
+    ap.add_argument("--steps", type=int, default=3000, help="GraphSAGE training steps")
+    ap.add_argument("--sweep", nargs="*", default=[], help="benchmarks/sweep.py outputs")
+    ap.add_argument("--json", help="write every figure to this file")
+    args = ap.parse_args()
+    models = args.models.split(",")
+    options = {"graphsage": {"steps": args.steps}}
+    print(f"CPU: {cpu_name()}")
+    report = {"cpu": cpu_name(), "results": [], "throughput": {}}
+    for name, samples in datasets(args).items():
+        splits = args.splits.split(",") if name in args.spaces.split(",") else ["program"]
+        for split in splits:
+            start = time.perf_counter()
+            result = cross_validate(samples, split, models, options=options)
+            result["seconds"] = round(time.perf_counter() - start, 1)
+            show(f"{name} ({len(samples)} rows)", split, result)
+            report["results"].append({"dataset": name, **result})
+        report["throughput"][name] = throughput(samples, models, args.steps)
+        print(f"  train / predict on all {len(samples)} rows: "
+              + "; ".join(f"{k} {v['train_s']} s, {v['predict_per_s']}/s"
+                          for k, v in report["throughput"][name].items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Search strategies on real GPU spaces, side by side with Kernel Tuner's own.
+
+    .venv/bin/python benchmarks/strategies.py [--caches DIR] [--spaces convolution,dedispersion]
+        [--seeds 20] [--budget 200] [--kt genetic_algorithm,pso,adaptive_tabu_greywolf]
+        [--model gbdt] [--json OUT]
+
+Every Kernel Tuner cache (one kernel on one GPU, every configuration timed) is replayed: a
+strategy proposes configurations, each new one costs one evaluation and is answered from the
+file.  Configurations that failed on the GPU are left out of the space, as Kernel Tuner leaves
+them out of its own.  Strategies:
+
+- ``random``: uniform without replacement;
+- ``tpe``: Optuna's multivariate TPE over the parameters (categorical), as ``tuner launch``;
+- ``model``: the learned cost model trained on the *other five* GPUs of the same kernel
+  (never on this one) ranks this GPU's space; the strategy measures the best-ranked
+  configuration, then corrects the ranking with what it measured (the residual of measured
+  configurations, spread to their neighbours by how many parameters they share) and repeats;
+- Kernel Tuner 1.5's strategies (``kernel_tuner.tune_cache``, its simulation mode on the
+  un-gzipped file), seeded through ``random`` and ``numpy.random``.
+
+Reported per space x GPU: evaluations until the best found is within 5% of the space's optimum,
+median over seeds (``>B``: not within the budget B in at least half the seeds), and the
+methodology score of Willemsen et al. (FGCS 2024) averaged over budgets 1..B:
+P(t) = (f_s(t) - f_rand(t)) / (f_opt - f_rand(t)), f_s the median best-found over seeds after t
+evaluations, f_rand the expected best of t random draws without replacement (exact), f_opt the
+optimum: 0 is random search, 1 finds the optimum at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from costmodel import (  # noqa: E402
+    concat,
+    featurize_params,
+    kernel_tuner_samples,
+    make_model,
+    read_kernel_tuner,
+)
+from costmodel._data import replay_spec  # noqa: E402
+
+TARGET = 1.05
+
+
+class Space:
+    """The configurations of one cache that ran, as rows of parameter values."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.raw = read_kernel_tuner(path)
+        keep = [i for i, t in enumerate(self.raw.times_s) if not math.isnan(t)]
+        self.keys = self.raw.keys
+        self.configs = [self.raw.configs[i] for i in keep]
+        self.times = np.asarray([self.raw.times_s[i] for i in keep])
+        self.index = {self.key(c): i for i, c in enumerate(self.configs)}
+        self.best = float(self.times.min())
+        # parameter values as small integers, for the neighbour correction
+        self.codes = np.stack([np.unique([str(c[k]) for c in self.configs],
+                                         return_inverse=True)[1] for k in self.keys], 1)
+
+    def key(self, config: dict) -> tuple:
+        return tuple(str(config[k]) for k in self.keys)
+
+    def within(self, order: list[int]) -> int | None:
+        """1-based evaluations until within TARGET of the optimum (None: never)."""
+        for n, i in enumerate(order, 1):
+            if self.times[i] <= TARGET * self.best:
+                return n
+        return None
+
+    def curve(self, order: list[int], budget: int) -> np.ndarray:
+        """Best time found after 1..budget evaluations."""
+        best = np.minimum.accumulate(self.times[order[:budget]])
+        if len(best) < budget:
+            best = np.concatenate([best, np.full(budget - len(best), best[-1])])
+        return best
+
+
+def expected_random_best(times: np.ndarray, budget: int) -> np.ndarray:
+    """E[min of t draws without replacement], t = 1..budget (exact order statistics)."""
+    x = np.sort(times)
+    n = len(x)
+    out = np.empty(budget)
+    for t in range(1, budget + 1):
+        # P(the minimum is the i-th smallest) = C(n-i, t-1) / C(n, t), i = 1..n-t+1
+        i = np.arange(1, n - t + 2)
+        logp = (_lgamma(n - i + 1) - _lgamma(t) - _lgamma(n - i - t + 2)
+                - (_lgamma(n + 1) - _lgamma(t + 1) - _lgamma(n - t + 1)))
+        out[t - 1] = float(np.sum(np.exp(logp) * x[: n - t + 1]))
+    return out
+
+
+def _lgamma(v) -> np.ndarray:
+    return np.vectorize(math.lgamma)(np.asarray(v, np.float64))
+
+
+# ---------------------------------------------------------------- strategies
+
+
+def run_random(space: Space, seed: int, budget: int) -> list[int]:
+    return list(np.random.default_rng(seed).permutation(len(space.configs))[:budget])
+
+
+def run_tpe(space: Space, seed: int, budget: int) -> list[int]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    values = {k: sorted({str(c[k]) for c in space.configs}) for k in space.keys}
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in values.items()}
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True)
+    study = optuna.create_study(sampler=sampler)
+    order: list[int] = []
+    seen: set[int] = set()
+    for _ in range(20 * budget):
+        if len(order) >= budget:
+            break
+        trial = study.ask(dists)
+        i = space.index.get(tuple(trial.params[k] for k in space.keys))
+        if i is None:  # outside the space (restricted, or failed on this GPU): not an evaluation
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        if i not in seen:
+            seen.add(i)
+            order.append(i)
+        study.tell(trial, float(space.times[i]))
+    return order
+
+
+def model_ranking(spaces: list[Space], target: Space, kind: str) -> np.ndarray:
+    """Predicted log seconds of the target's configs by a model trained on the others."""
+    train = concat(*(kernel_tuner_samples(s.raw) for s in spaces if s is not target))
+    model = make_model(kind)
+    model.fit(train)
+    spec = replay_spec(target.raw.device)
+    rows = [featurize_params(c, target.keys, target.raw.problem_size, spec,
+                             group="target", program=target.raw.kernel,
+                             device=target.raw.device_key) for c in target.configs]
+    return np.log(model.predict(rows))
+
+
+def run_model(space: Space, predicted: np.ndarray, seed: int, budget: int) -> list[int]:
+    """Measure the best-ranked unmeasured config; correct the ranking by the residuals of
+    measured ones, weighted 2^-(parameters that differ); repeat."""
+    rng = np.random.default_rng(seed)
+    score = predicted + rng.normal(0.0, 0.01, len(predicted))  # ties broken per seed
+    correction_num = np.zeros(len(score))
+    correction_den = np.ones(len(score))  # a prior weight of 1 on "the model is right"
+    measured = np.zeros(len(score), bool)
+    order: list[int] = []
+    for _ in range(min(budget, len(score))):
+        current = np.where(measured, np.inf, score + correction_num / correction_den)
+        i = int(np.argmin(current))
+        order.append(i)
+        measured[i] = True
+        residual = math.log(space.times[i]) - predicted[i]
+        weight = 2.0 ** -(space.codes != space.codes[i]).sum(1)
+        correction_num += weight * residual
+        correction_den += weight
+    return order
+
+
+def run_kernel_tuner(space: Space, strategy: str, seed: int, budget: int, plain: Path
+                     ) -> list[int]:
+    import kernel_tuner
+
+    random.seed(seed)
+    np.random.seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results, _ = kernel_tuner.tune_cache(str(plain), strategy=strategy,
+                                             strategy_options={"max_fevals": budget},
+                                             verbose=False, quiet=True)
+    order: list[int] = []
+    seen: set[int] = set()
+    for r in results:
+        i = space.index.get(space.key(r))
+        if i is not None and i not in seen:
+            seen.add(i)
+            order.append(i)
+    return order[:budget]
+
+
+# ---------------------------------------------------------------- report
+
+
+def summarize(space: Space, orders: list[list[int]], budget: int, f_rand: np.ndarray) -> dict:
+    hits = [space.within(o) for o in orders]
+    reached = sorted(h if h is not None else math.inf for h in hits)
+    median = statistics.median(reached)
+    f_s = np.median(np.stack([space.curve(o, budget) for o in orders]), 0)
+    ok = f_rand > space.best * (1 + 1e-12)
+    p = (f_s[ok] - f_rand[ok]) / (space.best - f_rand[ok])
+    return {"evals_to_5pct": None if math.isinf(median) else median,
+            "reached": sum(h is not None for h in hits), "seeds": len(orders),
+            "score": float(np.mean(p)) if ok.any() else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--caches", default=str(ROOT.parent / "shared/data/kernel_tuner_caches"))
+    ap.add_argument("--spaces", default="convolution,dedispersion")
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--budget", type=int, default=200)
+    ap.add_argument("--kt", default="genetic_algorithm,pso,adaptive_tabu_greywolf",
+                    help="Kernel Tuner strategies ('' for none)")
+    ap.add_argument("--model", default="gbdt", help="cost model kind for the model strategy")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
+                .splitlines() if ln.startswith("model name")), "unknown CPU")
+    print(f"CPU: {cpu}; budget {args.budget} evaluations, {args.seeds} seeds; target: within "
+          f"{round(100 * (TARGET - 1))}% of the optimum")
+    kt = [s for s in args.kt.split(",") if s]
+    names = ["random", "tpe", "model", *kt]
+    rows = []
+    tmp = Path(tempfile.mkdtemp(prefix="kt-plain-"))
+    for kernel in args.spaces.split(","):
+        spaces = [Space(p) for p in sorted((Path(args.caches) / kernel).glob("*.json*"))]
+        for space in spaces:
+            start = time.perf_counter()
+            plain = tmp / f"{kernel}-{space.path.name.split('.')[0]}.json"
+            plain.write_bytes(gzip.decompress(space.path.read_bytes()))
+            predicted = model_ranking(spaces, space, args.model)
+            f_rand = expected_random_best(space.times, args.budget)
+            row = {"space": kernel, "gpu": space.raw.device, "configs": len(space.configs)}
+            for name in names:
+                orders = []
+                for seed in range(args.seeds):
+                    if name == "random":
+                        orders.append(run_random(space, seed, args.budget))
+                    elif name == "tpe":
+                        orders.append(run_tpe(space, seed, args.budget))
+                    elif name == "model":
+                        orders.append(run_model(space, predicted, seed, args.budget))
+                    else:
+                        orders.append(run_kernel_tuner(space, name, seed, args.budget, plain))
+                row[name] = summarize(space, orders, args.budget, f_rand)
+            rows.append(row)
+            cells = "  ".join(f"{n} {_fmt(row[n], args.budget)}" for n in names)
+            print(f"{kernel:<13} {space.raw.device:<24} {len(space.configs):>6}  {cells}  "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+    wins = sum(all(_evals(r["model"]) < _evals(r[k]) for k in kt) for r in rows)
+    print(f"\nmodel-guided needs fewer evaluations than every Kernel Tuner strategy on {wins} of "
+          f"{len(rows)} space x GPU rows")
+    scores = {n: statistics.mean(r[n]["score"] for r in rows if r[n]["score"] is not None)
+              for n in names}
+    print("methodology score (mean over rows): "
+          + ", ".join(f"{n} {v:.3f}" for n, v in scores.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cpu": cpu, "budget": args.budget,
+                                               "seeds": args.seeds, "rows": rows,
+                                               "wins": wins, "scores": scores}, indent=1))
+
+
+def _evals(cell: dict) -> float:
+    return math.inf if cell["evals_to_5pct"] is None else cell["evals_to_5pct"]
+
+
+def _fmt(cell: dict, budget: int) -> str:
+    e = cell["evals_to_5pct"]
+    return f"{'>' + str(budget) if e is None else f'{e:g}'} (P {cell['score']:.2f})"
+
+
+if __name__ == "__main__":
+    main()
