@@ -1,0 +1,111 @@
+"""The cost model: features of a known structure, reading Kernel Tuner caches, models that
+rank a synthetic space correctly, and a model's round trip through bytes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import numpy as np
+import pytest
+
+from costmodel import (
+    CacheFormatError,
+    evaluate,
+    featurize,
+    featurize_params,
+    kernel_tuner_samples,
+    load_model,
+    make_model,
+    read_kernel_tuner,
+)
+from kernels import get_spec
+from search.serialize import from_obj
+from tests.support import mha_structure
+
+SPEC = get_spec("NVIDIA H100 80GB HBM3")
+
+
+def test_features_of_a_known_structure():
+    graph = from_obj(mha_structure("heads"))
+    s = featurize(graph, {"g0": 4, "F": 2}, SPEC, group="mha", program="mha", device="cuda")
+    # 3 inputs + 1 output of the kernel graph, and the block graph: 3 inputs, 6 compute ops,
+    # 1 output
+    assert len(s.opcodes) == 3 + 1 + 3 + 6 + 1
+    assert s.nodes.shape[0] == len(s.opcodes) and np.isfinite(s.nodes).all()
+    assert s.edges.shape[0] == 2 and s.edges.max() < len(s.opcodes)
+    # data flows from every block input to some compute op: no node is left unconnected
+    assert set(range(len(s.opcodes))) == set(s.edges.ravel().tolist())
+    assert s.estimate_s > 0 and s.config["g0"] == 4
+    # a config that moves more work into each block changes the kernel features
+    other = featurize(graph, {"g0": 1, "F": 2}, SPEC)
+    assert not np.array_equal(other.nodes, s.nodes)
+
+
+def _cache(tmp_path, name="A100", times=None, **extra) -> str:
+    entries = {}
+    for a in (1, 2, 4, 8, 16, 32, 64, 128):
+        for b in (1, 2, 4, 8, 16, 32):
+            t = times(a, b) if times else (math.log2(a) - 3) ** 2 + 0.5 * math.log2(b) + 1.0
+            entries[f"{a},{b}"] = {"a": a, "b": b, "time": t}
+    entries["256,1"] = {"a": 256, "b": 1, "time": "InvalidConfig"}
+    doc = {"device_name": extra.get("device", "NVIDIA A100-PCIE-40GB"), "kernel_name": "toy",
+           "problem_size": [1024, 1024], "tune_params_keys": ["a", "b"], "cache": entries}
+    path = tmp_path / f"{name}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return str(path)
+
+
+def test_kernel_tuner_cache_reads_times_in_seconds_and_drops_failures(tmp_path):
+    space = read_kernel_tuner(_cache(tmp_path))
+    assert space.device_key == "replay:NVIDIA A100-PCIE-40GB"
+    assert len(space.configs) == 49 and math.isnan(space.times_s[-1])
+    assert space.times_s[0] == pytest.approx(10e-3)  # 10 ms in the file
+    assert len(kernel_tuner_samples(space)) == 48
+
+
+@pytest.mark.parametrize("text, why", [
+    (b"not json", "not a readable"),
+    (json.dumps({"cache": {}}).encode(), "tune_params_keys"),
+    (json.dumps({"tune_params_keys": ["a"], "cache": {"1": {"b": 1}}}).encode(), "lacks"),
+])
+def test_a_malformed_cache_is_refused_with_the_file_named(tmp_path, text, why):
+    path = tmp_path / "bad.json"
+    path.write_bytes(text)
+    with pytest.raises(CacheFormatError, match=why) as err:
+        read_kernel_tuner(path)
+    assert "bad.json" in str(err.value)
+
+
+@pytest.mark.parametrize("kind, options", [("gbdt", {"trees": 100}),
+                                           ("graphsage", {"steps": 300})])
+def test_a_model_ranks_a_synthetic_space(tmp_path, kind, options):
+    samples = kernel_tuner_samples(read_kernel_tuner(_cache(tmp_path)))
+    model = make_model(kind, **options)
+    model.fit(samples)
+    pred = model.predict(samples)
+    scores = evaluate([s.group for s in samples], [s.seconds for s in samples], pred)
+    assert scores["kendall_tau"] > 0.8
+    assert scores["top1_slowdown"] < 0.1
+
+
+def test_a_model_round_trips_through_bytes(tmp_path):
+    samples = kernel_tuner_samples(read_kernel_tuner(_cache(tmp_path)))
+    model = make_model("graphsage", steps=50)
+    model.fit(samples)
+    again = load_model(model.to_bytes())
+    assert np.allclose(again.predict(samples), model.predict(samples))
+    stale = make_model("roofline")
+    stale.feature_version = -1
+    with pytest.raises(ValueError, match="train it again"):
+        load_model(stale.to_bytes())
+
+
+def test_the_device_features_tell_gpus_apart():
+    a = featurize_params({"a": 1}, ["a"], [64], get_spec("NVIDIA RTX A4000"), group="g",
+                         program="p", device="d")
+    b = featurize_params({"a": 1}, ["a"], [64], get_spec("MI250X"), group="g", program="p",
+                         device="d")
+    assert not np.array_equal(a.graph, b.graph)
+    assert np.array_equal(a.nodes, b.nodes)
