@@ -16,6 +16,19 @@ from sqlalchemy.engine import URL
 
 from db import migrate
 from db.engine import DEFAULT_URL, make_engine, normalize_url, sqlite_file
+from db.learning import (
+    ALL_DEVICES,
+    MeasuredConfig,
+    ModelRecord,
+    TrainingRow,
+    best_model,
+    models,
+    newest_measurement_id,
+    record_measured_space,
+    save_model,
+    structure_configs,
+    training_rows,
+)
 from db.models import JOB_STATUSES, MEASUREMENT_STATUSES, SHARD_STATUSES, VERSION_TABLE
 from db.records import (
     BestKernel,
@@ -32,6 +45,7 @@ from db.records import (
 from db.store import Database
 
 __all__ = [
+    "ALL_DEVICES",
     "DEFAULT_URL",
     "JOB_STATUSES",
     "MEASUREMENT_STATUSES",
@@ -42,16 +56,26 @@ __all__ = [
     "DatabaseError",
     "HistoryEntry",
     "JobRecord",
+    "MeasuredConfig",
     "MeasurementRecord",
+    "ModelRecord",
     "MissingDriverError",
     "SchemaError",
     "StructureRecord",
+    "TrainingRow",
+    "best_model",
     "config_hash",
     "connect",
     "current_revision",
     "head_revision",
+    "models",
+    "newest_measurement_id",
     "normalize_url",
+    "record_measured_space",
+    "save_model",
     "shapes_key",
+    "structure_configs",
+    "training_rows",
     "upgrade",
 ]
 

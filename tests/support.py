@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import gzip
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kernels import Execution, KernelPlan, get_device
@@ -54,3 +58,21 @@ def mha_structure(over: str, heads: int = 4, rows: int = 8, dim: int = 16,
                 {"op": "accum", "in": [4], "kind": "sum"}, {"op": "div", "in": [6, 7]},
                 {"op": "output", "in": [8], "omap": out}]}},
         {"op": "output", "in": [3]}]}
+
+
+def kernel_tuner_cache(directory: Path, name: str = "A100",
+                       times: Callable[[int, int], float] | None = None,
+                       device: str = "NVIDIA A100-PCIE-40GB") -> str:
+    """A small Kernel Tuner cache file (two parameters, 48 configs that ran, one that did
+    not) at ``directory/name.json.gz``; ``times(a, b)`` gives milliseconds."""
+    entries = {}
+    for a in (1, 2, 4, 8, 16, 32, 64, 128):
+        for b in (1, 2, 4, 8, 16, 32):
+            t = times(a, b) if times else (math.log2(a) - 3) ** 2 + 0.5 * math.log2(b) + 1.0
+            entries[f"{a},{b}"] = {"a": a, "b": b, "time": t}
+    entries["256,1"] = {"a": 256, "b": 1, "time": "InvalidConfig"}
+    doc = {"device_name": device, "kernel_name": "toy", "problem_size": [1024, 1024],
+           "tune_params_keys": ["a", "b"], "cache": entries}
+    path = Path(directory) / f"{name}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return str(path)

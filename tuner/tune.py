@@ -142,9 +142,11 @@ class StudyRunner:
         optuna = _optuna()
         codec = Codec(task.space.params, self.ordinal)
         dists = codec.distributions(optuna)
+        sampler = self.make_sampler()
+        if hasattr(sampler, "bind"):  # the cost model's sampler ranks this study's space
+            sampler.bind(task, codec, dists)
         study = optuna.create_study(study_name=task.study_name, storage=self.storage,
-                                    sampler=self.make_sampler(), direction="minimize",
-                                    load_if_exists=True)
+                                    sampler=sampler, direction="minimize", load_if_exists=True)
         study.set_user_attr("device_key", task.device_key)
         study.set_user_attr("structure_hash", task.structure_hash)
         known = self._known(task, program_hash)
