@@ -28,7 +28,10 @@ TOP_KEYS = ("programs", "search", "tuning", "devices", "cluster", "database")
 ENTRY_KEYS = ("name", "file", "program", "set")
 # Config spaces are small sets of discrete choices, so only samplers that handle categorical
 # parameters without extra packages are offered; "grid" tries every config once.
-SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "BruteForceSampler"}
+SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "BruteForceSampler",
+            # the learned cost model's ranking (tuner/_model_sampler.py); a device without a
+            # trained model falls back to TPE, and the launch says so
+            "model": "ModelSampler"}
 _SAMPLER_HINTS = {
     "cmaes": "CMA-ES needs continuous parameters and the cmaes package",
     "gp": "the Gaussian-process sampler needs torch and scipy",
@@ -96,7 +99,7 @@ class TuningSpec:
 
         with warnings.catch_warnings():  # BruteForceSampler is flagged experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            if self.sampler == "tpe":
+            if self.sampler in ("tpe", "model"):  # model: TPE where no model is trained
                 # joint model of the parameters (grid sizes and loop steps interact) after 5
                 # startup trials, the AStitch default among them: on replayed exhaustive cpu
                 # tables this reached 5% of the best in fewer trials than the default TPE

@@ -264,7 +264,8 @@ class Launch:
                                 search_s=search_s, shards_reused=len(done))
             t1 = time.perf_counter()
             rep.baseline_s = self._baseline(pool, reference)
-            runner = StudyRunner(database, storage, self.job.tuning.make_sampler, pool,
+            runner = StudyRunner(database, storage, self._sampler_factory(database, pool.key),
+                                 pool,
                                  trials=self.job.tuning.trials_per_structure,
                                  seed=self.job.tuning.seed or 0, deadline=self._deadline(),
                                  timeout_s=self.job.tuning.trial_timeout_s or 60.0,
@@ -328,6 +329,26 @@ class Launch:
                                             desc.get("bytes_moved"))
             out.append((sid, h, graph))
         return out
+
+    def _sampler_factory(self, database: db.Database, device_key: str) -> Callable[[], Any]:
+        """The job's sampler; for ``sampler: model``, the cost model stored for this device
+        (TPE, said in the log, where none is trained)."""
+        tuning = self.job.tuning
+        if tuning.sampler != "model":
+            return tuning.make_sampler
+        from costmodel import model_for
+
+        from ._model_sampler import ModelSampler
+
+        found = model_for(database, device_key)
+        if found is None:
+            self.log(f"sampler model: no trained cost model for {device_key} in the database "
+                     "(`tuner model train`); tuning with TPE instead")
+            return tuning.make_sampler
+        model, record = found
+        self.log(f"sampler model: cost model {record.id} ({record.kind}, trained on "
+                 f"{record.trained_on.get('rows', '?')} measurements) ranks each space")
+        return lambda: ModelSampler(model, seed=tuning.seed or 0)
 
     def _baseline(self, pool: Any, reference: Any) -> float | None:
         pool.submit("baseline", {"reference": to_obj(reference), "tag": "baseline"})
