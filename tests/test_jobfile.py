@@ -89,7 +89,7 @@ def test_every_entry_form_and_defaults(tmp_path: Path) -> None:
 
 
 def test_sqlite_default_matches_db_and_validation_creates_no_database(tmp_path: Path) -> None:
-    from db.engine import DEFAULT_URL
+    from db import DEFAULT_URL
     from tuner.jobfile import DatabaseSpec
 
     assert DatabaseSpec().url == DEFAULT_URL

@@ -38,7 +38,7 @@ _SAMPLER_HINTS = {
 KERNEL_LEVEL_OPS = tuple(n for n in COMPUTE_OPS if KERNEL in OPS[n].levels)
 BLOCK_LEVEL_OPS = tuple(n for n in OPS if BLOCK in OPS[n].levels
                         and n not in ("input", "output", "graph_kernel"))
-DEFAULT_URL = "sqlite:///./tuner.db"  # db.engine.DEFAULT_URL, without importing db
+DEFAULT_URL = "sqlite:///./tuner.db"  # db.DEFAULT_URL, without importing db
 _DEVICE = re.compile(r"cpu|cuda|cuda:\d+")
 
 
@@ -463,7 +463,7 @@ class _Parser:
                 return DatabaseSpec()
             url_node, path = m["url"][1], "database.url"
         url = self.string(url_node, path, f"write a database URL such as {DEFAULT_URL}")
-        from db.engine import normalize_url  # db is slow to import; only needed here
+        from db import normalize_url  # db is slow to import; only needed here
 
         try:
             normalize_url(url)
