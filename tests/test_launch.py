@@ -235,6 +235,47 @@ def test_sigkill_then_resume(sqlite_url: str, tmp_path: Path) -> None:
         assert record.timings["total_s"] > 0
 
 
+_OPEN = """
+import os, sys, time
+from pathlib import Path
+import db
+from tuner.launch import optuna_storage
+url, here = sys.argv[1], Path(sys.argv[2])
+(here / f"ready-{os.getpid()}").touch()
+while not (here / "go").exists():
+    time.sleep(0.001)
+with db.connect(url) as database:
+    optuna_storage(database).engine.dispose()
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_launches_started_at_once_on_a_fresh_database_create_its_tables_in_turn(
+        backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """What every `tuner launch` does first with its database (our migrations, then Optuna's
+    storage), in four processes let go at the same instant on a fresh database.  Without the
+    schema lock Optuna's set-up failed in one of them ("table studies already exists", a
+    UNIQUE violation on its alembic_version) nearly every time, on both backends."""
+    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
+    procs = [subprocess.Popen([sys.executable, "-c", _OPEN, url, str(tmp_path)], cwd=REPO,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    try:
+        deadline = time.time() + 120
+        while len(list(tmp_path.glob("ready-*"))) < len(procs) and time.time() < deadline:
+            time.sleep(0.01)
+        (tmp_path / "go").touch()
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(errors)[-3000:]
+    assert db.current_revision(url) == db.head_revision()
+    optuna = pytest.importorskip("optuna")
+    storage = optuna.storages.RDBStorage(url)
+    assert storage.get_current_version() == storage.get_head_version()
+    storage.engine.dispose()
+
+
 def test_resume_without_earlier_run_is_refused(sqlite_url: str, tmp_path: Path) -> None:
     res = run_cli("launch", str(write_job(tmp_path)), "--db", sqlite_url, "--resume")
     assert res.returncode == 2

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import db
 from search.serialize import to_obj
@@ -28,6 +28,9 @@ from .api import InputError
 from .cached import program_key
 from .jobfile import JobSpec, ProgramEntry, load_job
 from .tune import StudyOutcome, StudyRunner, StudyTask, study_name
+
+if TYPE_CHECKING:
+    import optuna
 
 SHARD_KEY_LEN = 200
 
@@ -204,7 +207,7 @@ class Launch:
         self.log(f"job {record.job_key} ({how}) -> {database!r}")
         status, reports, timings = "failed", [], {}
         try:
-            storage = _storage(self.url)
+            storage = optuna_storage(database)
             for entry in self.job.programs:
                 reports += self._program(database, record.id, entry, executor, pools, storage,
                                          timings)
@@ -379,12 +382,18 @@ def _shard_key(prefix: str, shard_id: str) -> str:
     return key
 
 
-def _storage(url: str) -> Any:
-    """Optuna's RDB storage on the tuner database itself (optuna-dashboard reads it)."""
+def optuna_storage(database: db.Database) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage on the tuner database itself (optuna-dashboard reads it).
+
+    Optuna creates its tables and stamps its version on first use, in steps that two launches
+    started at once on a fresh database trip over ("table studies already exists"); under the
+    database's schema lock they take turns."""
     import optuna
 
+    url = database.url
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    with database.schema_lock():
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
 
 
 def _ms(seconds: float | None) -> str:
