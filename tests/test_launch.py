@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import MALFORMED
 
 import db
 import tuner
@@ -304,8 +305,6 @@ def _db_files(path: Path) -> dict[str, bytes]:
 
 def test_malformed_jobs_exit_2_and_leave_the_database_unchanged(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from test_jobfile import MALFORMED
-
     from tuner import cli
 
     path = tmp_path / "tuner.db"
