@@ -353,7 +353,7 @@ def test_db_upgrade_creates_then_reports_head(tmp_path: Path,
 
 
 def test_a_cluster_without_gpus_is_refused_before_the_database(tmp_path: Path) -> None:
-    """With --address the GPUs are the cluster's: Launch.run joins Ray and runs this check
+    """With --address the GPUs are the cluster's: JobRun.run joins Ray and runs this check
     before it opens the database; a cluster without GPUs is an input error (exit 2)."""
     from cluster import start_ray, stop_ray
     from tuner.launch import InputError, check_cluster_gpus

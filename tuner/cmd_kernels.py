@@ -25,6 +25,7 @@ from search.lang import Program
 from search.serialize import from_obj
 from search.suite import load_program
 
+from ._console import ms
 from .api import InputError, parse_config, parse_pairs
 
 GPUS = ("H100", "A100", "H200")
@@ -190,10 +191,6 @@ def cmd_codegen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt_ms(s: float) -> str:
-    return "-" if math.isnan(s) else f"{s * 1e3:.4g} ms"
-
-
 def cmd_measure(args: argparse.Namespace) -> int:
     from kernels import cuda_available, cuda_device_spec, measure_program
 
@@ -209,7 +206,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         print(json.dumps(m.as_dict(), indent=2))
     else:
         rows = [("program", m.program), ("device", m.device), ("status", m.status),
-                ("kernel", _fmt_ms(m.kernel_s)), ("baseline", _fmt_ms(m.baseline_s)
+                ("kernel", ms(m.kernel_s, spec=".4g")), ("baseline", ms(m.baseline_s, spec=".4g")
                                                    + " (reference op by op)"),
                 ("speedup", "-" if math.isnan(m.speedup) else f"{m.speedup:.2f}x"),
                 ("max error", "-" if math.isnan(m.max_error) else f"{m.max_error:.3g}"),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import db
 from search.serialize import to_obj
 
+from ._console import ms
 from .api import InputError
 from .cached import program_key
 from .jobfile import JobSpec, ProgramEntry, load_job
@@ -159,7 +160,7 @@ def _has_job(url: str, key: str) -> bool:
         return database.job(key) is not None
 
 
-class Launch:
+class JobRun:
     """One run of a job; ``run()`` returns the summary.  See the module docstring."""
 
     def __init__(self, job: JobSpec, url: str, *, address: str | None = None,
@@ -298,9 +299,9 @@ class Launch:
                                                    "tune_s": round(rep.tune_s, 3)}
             reports.append(rep)
             confirmed = f" (median of {conf.best_timings} timings; the fastest first timing " \
-                f"{_ms(conf.first_s)})" if conf.best_s is not None else ""
+                f"{ms(conf.first_s)})" if conf.best_s is not None else ""
             self.log(f"{program.name} on {pool.key}: {rep.trials} trial(s), best "
-                     f"{_ms(rep.best_s)}{confirmed} vs numpy {_ms(rep.baseline_s)}")
+                     f"{ms(rep.best_s)}{confirmed} vs numpy {ms(rep.baseline_s)}")
         return reports
 
     def _store_structures(self, database: db.Database, pid: int, name: str, result: Any,
@@ -360,7 +361,7 @@ class Launch:
     def _trial_progress(self, name: str) -> Callable[[StudyTask, dict], None]:
         def report(task: StudyTask, res: dict) -> None:
             if self.progress is not None:
-                self.progress.trial(name, task, res)
+                self.progress.trial(name, task.structure_hash, res)
         return report
 
 
@@ -396,10 +397,6 @@ def optuna_storage(database: db.Database) -> optuna.storages.RDBStorage:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
-
-
 def launch(path: str | Path, *, db_url: str | None = None, address: str | None = None,
            resume: bool = False, log: Callable[[str], None] | None = None,
            progress: Any = None) -> LaunchResult:
@@ -407,4 +404,4 @@ def launch(path: str | Path, *, db_url: str | None = None, address: str | None =
     ``tuner launch``."""
     job, url = prepare(path, db_url, resume, address)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    return Launch(job, url, address=address, log=log, progress=progress).run()
+    return JobRun(job, url, address=address, log=log, progress=progress).run()
