@@ -24,6 +24,7 @@ from support import MALFORMED
 import db
 import tuner
 from tuner.confirm import TIMINGS
+from verifier import DEFAULT_TESTS, equivalent
 
 REPO = Path(__file__).resolve().parents[1]
 TUNER = [sys.executable, "-m", "tuner.cli"]
@@ -147,9 +148,13 @@ def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
     check_job(sqlite_url, tmp_path)
     # the program as written is stored beside the verified structures, as a candidate
     with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
-        verdicts = [json.loads(v)["verdict"] for (v,) in conn.execute(
+        stored = [json.loads(v) for (v,) in conn.execute(
             "SELECT verification_json FROM tuner_structures")]
+    verdicts = [v["verdict"] for v in stored]
     assert verdicts.count("reference") == 1 and "equivalent" in verdicts
+    # each verified structure says how: the search's tests, at the small instance's shapes
+    assert all(v["tests"] == DEFAULT_TESTS and v["instance"] == {"X": [16, 16]}
+               for v in stored if v["verdict"] == "equivalent")
     # optuna-dashboard's own storage loader opens the database and sees the studies
     pytest.importorskip("optuna_dashboard")
     from optuna_dashboard._storage_url import get_storage
@@ -158,6 +163,25 @@ def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
     studies = storage.get_all_studies()
     assert studies and all(s.study_name.startswith("softmax_rows:") for s in studies)
     assert any(storage.get_all_trials(s._study_id) for s in studies)
+
+
+def test_a_structure_is_stored_with_the_verification_the_search_ran() -> None:
+    """The provenance stored with a structure is what the search did (no literals): running
+    the check it describes (tests, instance shapes, symbol binding) verifies it again."""
+    from search.handwritten import handwritten
+    from tuner.launch import VERIFY_TESTS, small_instance_shapes, structure_verification
+
+    program = tuner.load_program("rmsnorm_matmul", {"X": (16, 256), "W": (256, 256)})
+    structure = handwritten(program)
+    found = structure_verification(structure, small_instance_shapes(program))
+    assert found["tests"] == VERIFY_TESTS == DEFAULT_TESTS
+    assert found["instance"] == {"X": [16, 16], "W": [16, 16]}
+    assert found["symbols"] == {"F": 2, "g0": 2} and found["arithmetic"] == "field"
+    small = tuner.load_program("rmsnorm_matmul", {k: tuple(s) for k, s in
+                                                  found["instance"].items()}).build()
+    bound = structure.replay([small.tensors[t].shape for t in small.input_ids],
+                             found["symbols"])
+    assert equivalent(small, bound, tests=found["tests"]).equivalent
 
 
 def test_status_watch_repeats_until_interrupted(sqlite_url: str, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from search import GraphFormatError, KernelGraph, structural_hash
 from search.handwritten import handwritten
@@ -27,6 +27,9 @@ from search.suite import load_program
 
 from ._console import ms
 from .api import InputError, parse_config, parse_pairs
+
+if TYPE_CHECKING:
+    from kernels import DeviceSpec, KernelPlan
 
 GPUS = ("H100", "A100", "H200")
 _HEX = re.compile(r"^[0-9a-fA-F]{4,64}$")
@@ -82,7 +85,7 @@ def _check_inputs(program: Program, graph: KernelGraph, what: str) -> None:
 
 
 def resolve_structure(program: Program, choice: str = "best", structures: str | None = None,
-                      device: Any = "cpu") -> tuple[KernelGraph, str]:
+                      device: str | DeviceSpec = "cpu") -> tuple[KernelGraph, str]:
     """(structure, a phrase saying which one) for ``--structure choice``; ``best`` is the
     structure of ``structures`` (or the reference program) with the fastest roofline estimate
     on ``device``."""
@@ -130,7 +133,7 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
 
 
 def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
-                   device: Any) -> dict[str, int]:
+                   device: str | DeviceSpec) -> dict[str, int]:
     """The user's config completed from the AStitch default for ``device``.
 
     The default's mapping knobs were chosen for the default symbols, so they are kept only
@@ -157,8 +160,9 @@ def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
     return merged
 
 
-def _lower(structure: KernelGraph, config: Mapping[str, int], device: Any, name: str):
-    from kernels.lowering import lower
+def _lower(structure: KernelGraph, config: Mapping[str, int], device: str | DeviceSpec,
+           name: str) -> KernelPlan:
+    from kernels import lower
 
     try:
         return lower(structure, config, device, name)
@@ -166,7 +170,8 @@ def _lower(structure: KernelGraph, config: Mapping[str, int], device: Any, name:
         raise InputError(f"config {dict(config)}: {err}") from None
 
 
-def _prepare(args: argparse.Namespace, device: Any) -> tuple[Program, KernelGraph, dict, Any]:
+def _prepare(args: argparse.Namespace, device: str | DeviceSpec
+             ) -> tuple[Program, KernelGraph, dict[str, int], KernelPlan]:
     """(program, structure, config, plan); says on stderr which structure and config."""
     program = load_program(args.program, parse_pairs(args.set, "--set"))
     structure, what = resolve_structure(program, args.structure, args.structures, device)
@@ -236,7 +241,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "the rest comes from the AStitch default")
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     """Add ``codegen`` and ``measure`` to the ``tuner`` subcommands."""
     p = sub.add_parser("codegen", help="print the CUDA or C++ source of a fused structure")
     _common(p)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._console import Progress, config_text, ms
 from .api import InputError, parse_pairs
+
+if TYPE_CHECKING:
+    from .launch import LaunchResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------- launch
 
 
-def format_summary(result: Any) -> str:
+def format_summary(result: LaunchResult) -> str:
     rows = [("program", "device", "best ms", "numpy ms", "speedup", "structures", "trials",
              "failures", "best kernel")]
     for r in result.reports:
