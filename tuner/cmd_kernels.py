@@ -16,8 +16,9 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from search import GraphFormatError, KernelGraph, structural_hash
 from search.handwritten import handwritten
@@ -41,9 +42,17 @@ _HEX = re.compile(r"^[0-9a-fA-F]{4,64}$")
 # ---------------------------------------------------------------- structures
 
 
-def read_structures(path: str) -> list[dict[str, Any]]:
-    """The ranked structures of a search output file, or the one graph of a µGraph JSON file,
-    as ``[{"graph": KernelGraph, "hash": str}, ...]`` (best first)."""
+@dataclass(frozen=True)
+class FoundStructure:
+    """A structure of a search output (or a µGraph file) and its structural hash."""
+
+    graph: KernelGraph
+    hash: str
+
+
+def read_structures(path: str) -> list[FoundStructure]:
+    """The ranked structures of a search output file, or the one graph of a µGraph JSON file
+    (best first)."""
     try:
         text = Path(path).read_text()
     except OSError as err:
@@ -66,14 +75,14 @@ def read_structures(path: str) -> list[dict[str, Any]]:
                 graph = from_obj(entry["graph"])
             except GraphFormatError as err:
                 raise GraphFormatError(f"{path}: structures[{i}].graph: {err}") from None
-            out.append({"graph": graph, "hash": str(entry.get("hash") or structural_hash(graph))})
+            out.append(FoundStructure(graph, str(entry.get("hash") or structural_hash(graph))))
         return out
     try:
         graph = from_obj(doc)
     except GraphFormatError as err:
         raise GraphFormatError(f"{path}: {err} (expected a µGraph JSON file or a search output "
                                "with a 'structures' list)") from None
-    return [{"graph": graph, "hash": structural_hash(graph)}]
+    return [FoundStructure(graph, structural_hash(graph))]
 
 
 def _check_inputs(program: Program, graph: KernelGraph, what: str) -> None:
@@ -102,34 +111,34 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
         from kernels import rank_structures
 
         found = read_structures(structures)
-        _check_inputs(program, found[0]["graph"], structures)  # one search: one set of shapes
-        graphs = [s["graph"] for s in found] + [program.build()]
+        _check_inputs(program, found[0].graph, structures)  # one search: one set of shapes
+        graphs = [s.graph for s in found] + [program.build()]
         first = rank_structures(graphs, device)[0]
         if first == len(found):
             return graphs[first], (f"the reference program (a kernel per op): its roofline "
                                    f"estimate beats every structure of {structures}")
         top = found[first]
-        what = f"best structure {top['hash'][:12]} of {structures} (roofline estimate)"
+        what = f"best structure {top.hash[:12]} of {structures} (roofline estimate)"
     elif Path(choice).exists():
         top = read_structures(choice)[0]
-        what = f"structure {top['hash'][:12]} from {choice}"
+        what = f"structure {top.hash[:12]} from {choice}"
     elif _HEX.match(choice):
         if not structures:
             raise InputError(f"--structure {choice}: a hash prefix is looked up in a search "
                              "output; give it with --structures FILE")
         found = [s for s in read_structures(structures)
-                 if s["hash"].lower().startswith(choice.lower())]
+                 if s.hash.lower().startswith(choice.lower())]
         if len(found) != 1:
-            known = ", ".join(s["hash"][:12] for s in read_structures(structures)[:8])
+            known = ", ".join(s.hash[:12] for s in read_structures(structures)[:8])
             raise InputError(f"--structure {choice}: {'no' if not found else len(found)} "
                              f"structure(s) in {structures} with that hash prefix; have {known}")
         top = found[0]
-        what = f"structure {top['hash'][:12]} of {structures}"
+        what = f"structure {top.hash[:12]} of {structures}"
     else:
         raise InputError(f"--structure {choice}: not best, handwritten, a hash prefix or an "
                          "existing file")
-    _check_inputs(program, top["graph"], what)
-    return top["graph"], what
+    _check_inputs(program, top.graph, what)
+    return top.graph, what
 
 
 def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,

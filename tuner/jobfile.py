@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -23,6 +23,9 @@ from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
 from search.lang import Program, ProgramError, load_program_file, parse_program
 from search.ops import BLOCK, COMPUTE_OPS, KERNEL, OPS
 from search.suite import builtin_names, builtin_program
+
+if TYPE_CHECKING:
+    import optuna
 
 TOP_KEYS = ("programs", "search", "tuning", "devices", "cluster", "database")
 ENTRY_KEYS = ("name", "file", "program", "set")
@@ -90,7 +93,7 @@ class TuningSpec:
     sampler: str = "tpe"
     seed: int | None = None
 
-    def make_sampler(self) -> Any:
+    def make_sampler(self) -> optuna.samplers.BaseSampler:
         """A fresh Optuna sampler of the chosen kind (imported lazily: optuna is slow)."""
         import optuna
 
