@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -23,6 +23,9 @@ from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
 from search.lang import Program, ProgramError, load_program_file, parse_program
 from search.ops import BLOCK, COMPUTE_OPS, KERNEL, OPS
 from search.suite import builtin_names, builtin_program
+
+if TYPE_CHECKING:
+    import optuna
 
 TOP_KEYS = ("programs", "search", "tuning", "devices", "cluster", "database")
 ENTRY_KEYS = ("name", "file", "program", "set")
@@ -41,7 +44,7 @@ _SAMPLER_HINTS = {
 KERNEL_LEVEL_OPS = tuple(n for n in COMPUTE_OPS if KERNEL in OPS[n].levels)
 BLOCK_LEVEL_OPS = tuple(n for n in OPS if BLOCK in OPS[n].levels
                         and n not in ("input", "output", "graph_kernel"))
-DEFAULT_URL = "sqlite:///./tuner.db"  # db.engine.DEFAULT_URL, without importing db
+DEFAULT_URL = "sqlite:///./tuner.db"  # db.DEFAULT_URL, without importing db
 _DEVICE = re.compile(r"cpu|cuda|cuda:\d+")
 
 
@@ -93,7 +96,7 @@ class TuningSpec:
     sampler: str = "tpe"
     seed: int | None = None
 
-    def make_sampler(self) -> Any:
+    def make_sampler(self) -> optuna.samplers.BaseSampler:
         """A fresh Optuna sampler of the chosen kind (imported lazily: optuna is slow)."""
         import optuna
 
@@ -466,7 +469,7 @@ class _Parser:
                 return DatabaseSpec()
             url_node, path = m["url"][1], "database.url"
         url = self.string(url_node, path, f"write a database URL such as {DEFAULT_URL}")
-        from db.engine import normalize_url  # db is slow to import; only needed here
+        from db import normalize_url  # db is slow to import; only needed here
 
         try:
             normalize_url(url)

@@ -24,11 +24,15 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import db
-from kernels import ConfigSpace, estimate
+from kernels import ConfigSpace, DeviceSpec, estimate
 from search import KernelGraph
+
+if TYPE_CHECKING:
+    import optuna
 
 MEASURED = db.MEASUREMENT_STATUSES
 # configs a study measures before its roofline rule may skip any: calibrated by one timing
@@ -49,7 +53,7 @@ class StudyTask:
     reference_obj: dict
     space: ConfigSpace
     device_key: str
-    spec: Any  # the device's kernels.DeviceSpec (for the roofline)
+    spec: DeviceSpec  # the device's (for the roofline)
     study_name: str
     baseline_s: float | None = None
 
@@ -66,7 +70,7 @@ class StudyOutcome:
     invalid: int = 0
 
 
-def _optuna() -> Any:
+def _optuna() -> ModuleType:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -104,7 +108,8 @@ class Codec:
     def __init__(self, params: dict[str, tuple[int, ...]], ordinal: bool = True) -> None:
         self.params, self.ordinal = params, ordinal
 
-    def distributions(self, optuna: Any) -> dict[str, Any]:
+    def distributions(self, optuna: ModuleType
+                      ) -> dict[str, optuna.distributions.BaseDistribution]:
         d = optuna.distributions
         if self.ordinal:
             return {n: d.IntDistribution(0, len(c) - 1) for n, c in self.params.items()}
@@ -163,7 +168,7 @@ class StudyRunner:
         if study.user_attrs.get("finished_for_trials", 0) >= self.trials:
             return out  # an earlier run completed this study: nothing to ask
         space_size = task.space.size
-        inflight: dict[int, tuple[Any, dict, str]] = {}
+        inflight: dict[int, tuple[optuna.Trial, dict[str, int], str]] = {}
         asks = 0
         max_asks = 4 * self.trials + 20  # duplicates and skips do not measure; bound them
         while True:
@@ -186,8 +191,9 @@ class StudyRunner:
 
     # -- one proposal ---------------------------------------------------------------------
 
-    def _propose(self, task: StudyTask, study: Any, trial: Any, config: dict, known: dict,
-                 inflight: dict, out: StudyOutcome, optuna: Any) -> None:
+    def _propose(self, task: StudyTask, study: optuna.Study, trial: optuna.Trial,
+                 config: dict[str, int], known: dict, inflight: dict, out: StudyOutcome,
+                 optuna: ModuleType) -> None:
         chash = db.config_hash(config)
         if chash in known:  # measured before: answer from the database
             status, median = known[chash]
@@ -276,7 +282,8 @@ class StudyRunner:
                 out[db.config_hash(h.config)] = (h.status, h.median_s)
         return out
 
-    def _recover(self, study: Any, known: dict, optuna: Any, codec: Codec) -> None:
+    def _recover(self, study: optuna.Study, known: dict, optuna: ModuleType, codec: Codec
+                 ) -> None:
         """Close trials a killed launch left RUNNING: told from the database when their
         measurement was stored, else failed and their config enqueued again."""
         for t in study.get_trials(deepcopy=False,

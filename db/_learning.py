@@ -21,20 +21,20 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import DateTime, Integer, LargeBinary, String, Text, func, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import (
+from db._models import (
     KEY_LEN,
     MEASUREMENT_STATUSES,
     Base,
-    Measurement,
-    Program,
-    Structure,
-    Trial,
+    MeasurementRow,
+    ProgramRow,
+    StructureRow,
+    TrialRow,
     utcnow,
 )
-from db.records import check_choice, check_key, config_hash, json_text, utc
+from db._records import check_choice, check_key, config_hash, json_text, utc
 
 if TYPE_CHECKING:
-    from db.store import Database
+    from db._store import Database
 
 ALL_DEVICES = "*"  # device_key of a model trained on every device's rows
 
@@ -90,16 +90,16 @@ class MeasuredConfig:
 
 def training_rows(database: Database, device_key: str | None = None) -> list[TrainingRow]:
     """Every ``ok`` measurement (the first attempt of each trial), oldest first."""
-    stmt = (select(Measurement.id, Program.name, Program.program_hash,
-                   Structure.structure_hash, Structure.structure_json, Trial.config_json,
-                   Measurement.device_key, Measurement.median_s)
-            .join(Trial, Measurement.trial_id == Trial.id)
-            .join(Structure, Trial.structure_id == Structure.id)
-            .join(Program, Structure.program_id == Program.id)
-            .where(Measurement.status == "ok", Measurement.attempt == 0)
-            .order_by(Measurement.id))
+    stmt = (select(MeasurementRow.id, ProgramRow.name, ProgramRow.program_hash,
+                   StructureRow.structure_hash, StructureRow.structure_json, TrialRow.config_json,
+                   MeasurementRow.device_key, MeasurementRow.median_s)
+            .join(TrialRow, MeasurementRow.trial_id == TrialRow.id)
+            .join(StructureRow, TrialRow.structure_id == StructureRow.id)
+            .join(ProgramRow, StructureRow.program_id == ProgramRow.id)
+            .where(MeasurementRow.status == "ok", MeasurementRow.attempt == 0)
+            .order_by(MeasurementRow.id))
     if device_key:
-        stmt = stmt.where(Measurement.device_key == device_key)
+        stmt = stmt.where(MeasurementRow.device_key == device_key)
     graphs: dict[str, Any] = {}
     out = []
     with database.session(write=False) as s:
@@ -112,9 +112,9 @@ def training_rows(database: Database, device_key: str | None = None) -> list[Tra
 
 
 def newest_measurement_id(database: Database, device_key: str | None = None) -> int:
-    stmt = select(func.max(Measurement.id)).where(Measurement.status == "ok")
+    stmt = select(func.max(MeasurementRow.id)).where(MeasurementRow.status == "ok")
     if device_key:
-        stmt = stmt.where(Measurement.device_key == device_key)
+        stmt = stmt.where(MeasurementRow.device_key == device_key)
     with database.session(write=False) as s:
         return s.execute(stmt).scalar_one() or 0
 
@@ -136,8 +136,8 @@ def record_measured_space(database: Database, *, program_hash: str, shapes: Any,
     structure_id = database.record_structure(program_id, structure_hash, structure,
                                              {"verdict": "imported", "source": name}, 1)
     with database.session() as s:
-        known = set(s.execute(select(Trial.config_hash).where(
-            Trial.structure_id == structure_id, Trial.device_key == device_key)).scalars())
+        known = set(s.execute(select(TrialRow.config_hash).where(
+            TrialRow.structure_id == structure_id, TrialRow.device_key == device_key)).scalars())
         now = utcnow()
         fresh: dict[str, MeasuredConfig] = {}
         for r in rows:
@@ -146,16 +146,16 @@ def record_measured_space(database: Database, *, program_hash: str, shapes: Any,
                 fresh[h] = r
         if not fresh:
             return 0, len(rows)
-        s.execute(Trial.__table__.insert(), [
+        s.execute(TrialRow.__table__.insert(), [
             {"structure_id": structure_id, "device_key": device_key, "config_hash": h,
              "config_json": json_text(r.config, "config"), "study_name": None,
              "trial_number": None, "created_at": now} for h, r in fresh.items()])
-        ids = dict(s.execute(select(Trial.config_hash, Trial.id).where(
-            Trial.structure_id == structure_id, Trial.device_key == device_key,
-            Trial.config_hash.in_(list(fresh)))).all()) if len(fresh) < 30000 else dict(
-            s.execute(select(Trial.config_hash, Trial.id).where(
-                Trial.structure_id == structure_id, Trial.device_key == device_key)).all())
-        s.execute(Measurement.__table__.insert(), [
+        ids = dict(s.execute(select(TrialRow.config_hash, TrialRow.id).where(
+            TrialRow.structure_id == structure_id, TrialRow.device_key == device_key,
+            TrialRow.config_hash.in_(list(fresh)))).all()) if len(fresh) < 30000 else dict(
+            s.execute(select(TrialRow.config_hash, TrialRow.id).where(
+                TrialRow.structure_id == structure_id, TrialRow.device_key == device_key)).all())
+        s.execute(MeasurementRow.__table__.insert(), [
             {"trial_id": ids[h], "device_key": device_key, "attempt": 0, "status": r.status,
              "median_s": r.median_s if r.status == "ok" else None, "spread_s": None,
              "samples_json": None, "max_error": None,
@@ -166,8 +166,8 @@ def record_measured_space(database: Database, *, program_hash: str, shapes: Any,
 
 def structure_configs(database: Database, structure_id: int) -> list[dict]:
     """The distinct configs stored for a structure, on any device (a space to predict)."""
-    stmt = (select(Trial.config_hash, Trial.config_json).where(
-        Trial.structure_id == structure_id).distinct().order_by(Trial.config_hash))
+    stmt = (select(TrialRow.config_hash, TrialRow.config_json).where(
+        TrialRow.structure_id == structure_id).distinct().order_by(TrialRow.config_hash))
     with database.session(write=False) as s:
         seen: dict[str, dict] = {}
         for h, text in s.execute(stmt):
