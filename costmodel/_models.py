@@ -153,8 +153,9 @@ class SageModel(CostModel):
 
     def __init__(self, hidden: int = 64, layers: int = 2, steps: int = 3000,
                  batch_groups: int = 4, group_rows: int = 64, rank_weight: float = 1.0,
-                 time_budget_s: float = 600.0, threads: int = 2) -> None:
+                 time_budget_s: float = 600.0, threads: int = 2, lr: float = 2e-3) -> None:
         super().__init__()
+        self.lr = lr
         self.hidden, self.layers, self.steps = hidden, layers, steps
         self.batch_groups, self.group_rows = batch_groups, group_rows
         self.rank_weight, self.time_budget_s, self.threads = rank_weight, time_budget_s, threads
@@ -192,18 +193,17 @@ class SageModel(CostModel):
     def _batch(self, samples: Sequence[Sample]):
         import torch
 
-        ops, xs, edges, batch, offset = [], [], [], [], 0
-        for i, s in enumerate(samples):
-            ops.append(s.opcodes)
-            xs.append(s.nodes)
-            edges.append(s.edges + offset)
-            batch.append(np.full(len(s.opcodes), i, np.int64))
-            offset += len(s.opcodes)
-        g = np.stack([s.graph for s in samples])
-        x = (np.concatenate(xs) - self.node_mu) / self.node_sd
-        g = (g - self.graph_mu) / self.graph_sd
-        return (torch.from_numpy(np.concatenate(ops)), torch.from_numpy(x.astype(np.float32)),
-                torch.from_numpy(np.concatenate(edges, 1)), torch.from_numpy(np.concatenate(batch)),
+        sizes = np.fromiter((len(s.opcodes) for s in samples), np.int64, len(samples))
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        edge_counts = np.fromiter((s.edges.shape[1] for s in samples), np.int64, len(samples))
+        edges = np.concatenate([s.edges for s in samples], 1) if edge_counts.any() else \
+            np.zeros((2, 0), np.int64)
+        edges = edges + np.repeat(starts, edge_counts)  # node ids of each graph, offset
+        x = (np.concatenate([s.nodes for s in samples]) - self.node_mu) / self.node_sd
+        g = (np.stack([s.graph for s in samples]) - self.graph_mu) / self.graph_sd
+        return (torch.from_numpy(np.concatenate([s.opcodes for s in samples])),
+                torch.from_numpy(x.astype(np.float32)), torch.from_numpy(edges),
+                torch.from_numpy(np.repeat(np.arange(len(samples)), sizes)),
                 torch.from_numpy(g.astype(np.float32)))
 
     # ---------------------------------------------------------------- training
@@ -227,7 +227,7 @@ class SageModel(CostModel):
         weights = np.asarray([len(g) for g in groups], np.float64) ** 0.5
         weights /= weights.sum()
         net = self._net()
-        opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
+        opt = torch.optim.AdamW(net.parameters(), lr=self.lr, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, self.steps)
         start, loss_avg = time.perf_counter(), None
         for step in range(self.steps):
