@@ -11,11 +11,10 @@ symbols.
 
 from __future__ import annotations
 
-from search import KernelGraph
+from search import DTYPE_BYTES, KernelGraph
 from search.dims import SymDim
 from search.serialize import to_obj
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 NOMINAL = 16.0
 
 

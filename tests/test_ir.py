@@ -579,7 +579,7 @@ def test_block_graph_class_is_exported():
 
 
 def test_docs_op_table_matches_the_op_table():
-    from search.ops import OPS
+    from search import OPS
 
     rows = []
     for op in OPS.values():
@@ -591,3 +591,23 @@ def test_docs_op_table_matches_the_op_table():
     documented = [ln for ln in doc.splitlines() if ln.startswith("| `")
                   and ln.split("`")[1] in OPS and ln.count("|") == 7]
     assert documented == rows
+
+
+def test_the_op_sets_are_read_from_the_op_table():
+    from search import (
+        BINARY_OPS,
+        DTYPE_BYTES,
+        DTYPES,
+        EGG_FUNCTIONS,
+        ELEMENTWISE_OPS,
+        OPS,
+        ROW_REDUCTIONS,
+        UNARY_OPS,
+    )
+
+    assert set(UNARY_OPS) | set(BINARY_OPS) | {"mul_scalar"} == ELEMENTWISE_OPS
+    assert set(BINARY_OPS) == {"add", "sub", "mul", "div"}
+    assert ROW_REDUCTIONS == {"sum", "mean", "rms_norm"}
+    assert all(OPS[n].elementwise for n in ELEMENTWISE_OPS)
+    assert set(EGG_FUNCTIONS) <= set(OPS) and all(EGG_FUNCTIONS.values())
+    assert DTYPES == tuple(DTYPE_BYTES) and DTYPE_BYTES["float32"] == 4

@@ -439,3 +439,12 @@ def test_measure_covers_multi_kernel_plans(worker):
     m = measure_program(program, config={"g0": 8, "split": 2, "vpack": 1}, worker=worker,
                         timing={"budget_s": 0.05, "min_repeats": 3})
     assert m.status == "ok" and m.kernels == 2  # kernel split, still correct
+
+
+def test_every_elementwise_op_of_the_table_has_a_rendering():
+    from kernels.lowering import ROW_OPS
+    from kernels.rendering import BINARY, UNARY
+    from search import ELEMENTWISE_OPS, ROW_REDUCTIONS
+
+    assert ELEMENTWISE_OPS <= set(UNARY) | set(BINARY) | {"mul_scalar"}
+    assert ROW_OPS == {"input", "output", "accum"} | ELEMENTWISE_OPS | ROW_REDUCTIONS

@@ -8,8 +8,8 @@ from the plan; a dialect only knows how to say it.
 """
 
 from ._cpp import CppDialect
-from ._cstyle import CStyle
+from ._cstyle import BINARY, UNARY, CStyle
 from ._cuda import CudaDialect
 from ._render import DIALECTS, render
 
-__all__ = ["DIALECTS", "CStyle", "CppDialect", "CudaDialect", "render"]
+__all__ = ["BINARY", "DIALECTS", "UNARY", "CStyle", "CppDialect", "CudaDialect", "render"]
