@@ -119,7 +119,7 @@ def replay(structure, reference, space, table, sampler: str, seed: int, key) -> 
                              tuning.make_sampler, pool,
                              trials=len(table), seed=seed,
                              on_trial=lambda _t, res: order.append(
-                                 res["median_s"] if res["status"] == "ok" else float("inf")))
+                                 res.median_s if res.status == "ok" else float("inf")))
         task = StudyTask(key.name, sid, shash, structure, to_obj(structure), to_obj(reference),
                          space, "cpu:replay", spec,
                          study_name(key.name, key.program_hash, "{}", shash, f"{sampler}{seed}"))

@@ -339,7 +339,7 @@ def test_a_cpu_slot_times_with_the_drivers_threads() -> None:
     kernels and the numpy baseline with the cores the launching process would use."""
     import ray
 
-    from cluster import SlotPool, start_ray, stop_ray
+    from cluster import SlotPool, TrialRequest, start_ray, stop_ray
     from kernels import run_isolated
     from search.serialize import to_obj
     from search.suite import load_program
@@ -354,9 +354,9 @@ def test_a_cpu_slot_times_with_the_drivers_threads() -> None:
             lambda slot: run_isolated(probe, 60, slot.worker)))
         assert res.ok and res.payload["outputs"][0][0] == want
         reference = load_program("softmax_rows", {"rows": 64, "cols": 64}).build()
-        pool.submit("baseline", {"reference": to_obj(reference), "tag": "b"})
+        pool.submit("baseline", TrialRequest(to_obj(reference), tag="b"))
         done = pool.next_done()
-        assert done["status"] == "ok" and done["baseline_s"] > 0
+        assert done.tag == "b" and done.status == "ok" and done.baseline_s > 0
     finally:
         if pool is not None:
             pool.close()

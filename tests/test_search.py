@@ -46,6 +46,21 @@ def test_pruning_loses_no_verified_structure(name, overrides):
     assert pruned.stats.states < full.stats.states  # and it did prune
 
 
+def test_the_driver_runs_whatever_task_its_executor_is_given():
+    """search.run_search names no verifier: the executor's task decides what a shard does."""
+    from search import ShardResult, Stats, run_search
+
+    seen = []
+
+    def task(payload, shard):
+        seen.append(shard.id)
+        return ShardResult(shard.id, shard.config_id, Stats(), {})
+
+    program = load_program("softmax_rows", {"rows": 8, "cols": 16})
+    result = run_search(program, Limits(max_block_ops=2), LocalExecutor(task=task))
+    assert seen and result.shards_run == len(set(seen)) and not result.verified
+
+
 def test_rmsnorm_matmul_winner_is_the_expected_fused_kernel():
     result = _search("rmsnorm_matmul", {"X": "16x1024", "W": "1024x1024"})
     assert result.best["num_kernels"] == 1 and result.best["num_graph_kernels"] == 1
