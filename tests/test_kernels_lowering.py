@@ -30,9 +30,7 @@ from kernels.lowering import (
     plan_shared,
 )
 from kernels.rendering import CppDialect
-from search import ShapeError
-from search.handwritten import handwritten
-from search.suite import builtin_names, load_program, small_instance
+from search import ShapeError, builtin_names, handwritten, load_program, small_instance
 from verifier import FloatArith, run
 
 
@@ -209,7 +207,7 @@ QKNORM_WINNER = {"format": "tuner.mugraph/1", "ops": [
 def test_shared_memory_is_reused_only_between_buffers_never_live_together(device, worker):
     """Loops run before the for-loop, then every iteration, then after it, whatever the op
     order: a tile made before the loop and read in every iteration is live across all of it."""
-    from search.serialize import from_obj
+    from search import from_obj
 
     g = from_obj(QKNORM_WINNER)
     plan = lower(g, {"g0": 2, "F": 4}, device)

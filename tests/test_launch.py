@@ -341,8 +341,7 @@ def test_a_cpu_slot_times_with_the_drivers_threads() -> None:
 
     from cluster import SlotPool, TrialRequest, start_ray, stop_ray
     from kernels import run_isolated
-    from search.serialize import to_obj
-    from search.suite import load_program
+    from search import load_program, to_obj
 
     want = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())
     started = start_ray(1)

@@ -7,10 +7,7 @@ import json
 import pytest
 
 from cluster import LocalExecutor, RayExecutor, search_program, verify_structure
-from search import structural_hash
-from search.enumerate import Limits, Shard
-from search.serialize import from_obj
-from search.suite import load_program, small_instance
+from search import Limits, Shard, from_obj, load_program, small_instance, structural_hash
 from tuner.cli import main
 
 SMALL_OPS = ("matmul", "exp", "div", "mul", "add", "sum", "rms_norm", "accum")

@@ -18,9 +18,7 @@ from support import mha_structure
 import db
 from cluster import LocalExecutor, ReplayPool, TrialRequest, search_program
 from kernels import config_space, estimate, legal, local_cpu_spec
-from search.handwritten import handwritten
-from search.serialize import to_obj
-from search.suite import load_program
+from search import handwritten, load_program, to_obj
 from tuner.cached import program_key
 from tuner.jobfile import TuningSpec
 from tuner.tune import Codec, StudyRunner, StudyTask, warm_start
@@ -72,7 +70,7 @@ def test_estimate_charges_a_grid_too_small_to_fill_the_device() -> None:
 @pytest.mark.parametrize("device", ["cpu", "H100"])
 def test_structures_are_ranked_by_the_estimate_of_their_default(device) -> None:
     from kernels import rank_structures
-    from search.serialize import from_obj
+    from search import from_obj
 
     columns, heads = from_obj(mha_structure("columns")), from_obj(mha_structure("heads"))
     assert estimate(columns, None, device).flops > estimate(heads, None, device).flops
