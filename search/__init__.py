@@ -7,7 +7,6 @@ lowering and devices import this package and need none of them.
 """
 
 from importlib import import_module
-from typing import TYPE_CHECKING
 
 from .dims import ShapeError, SymDim, bind_dim, fmt_shape
 from .graph import BlockGraph, KernelGraph, Tensor, new_block_graph, new_kernel_graph
@@ -32,7 +31,8 @@ _LAZY = {
     "load_program_file": "lang",
     "SUITE": "suite", "EXTRA": "suite", "builtin_names": "suite", "builtin_program": "suite",
     "load_program": "suite", "small_instance": "suite",
-    "DEFAULT_BLOCK_OPS": "enumerate", "DEFAULT_KERNEL_OPS": "enumerate", "Context": "enumerate", "Limits": "enumerate", "Shard": "enumerate", "Stats": "enumerate",
+    "DEFAULT_BLOCK_OPS": "space", "DEFAULT_KERNEL_OPS": "space", "Context": "space",
+    "Limits": "space", "Shard": "space", "Stats": "space",
     "plan_configs": "enumerate", "split_shard": "enumerate", "run_shard": "enumerate",
     "Executor": "driver", "SearchResult": "driver", "ShardResult": "driver",
     "run_search": "driver",
@@ -41,40 +41,15 @@ _LAZY = {
 
 __all__ = [
     "ACCUM_KINDS", "BINARY_OPS", "BlockGraph", "Context", "DEFAULT_BLOCK_OPS",
-    "DEFAULT_KERNEL_OPS", "DTYPES", "DTYPE_BYTES",
-    "EGG_FUNCTIONS", "ELEMENTWISE_OPS", "EXTRA", "Executor", "GraphFormatError", "HANDWRITTEN",
-    "KernelGraph", "Limits", "OPS", "OpDef", "Program", "ProgramError", "ROW_REDUCTIONS",
-    "SUITE", "SearchResult", "ShapeError", "Shard", "ShardResult", "Stats", "SymDim", "Tensor",
-    "UNARY_OPS", "bind_dim", "builtin_names", "builtin_program", "describe", "fmt_shape",
-    "format_graph", "from_json", "from_obj", "handwritten", "load_program",
-    "load_program_file", "new_block_graph", "new_kernel_graph", "parse_program",
-    "plan_configs", "rank", "run_search", "run_shard", "small_instance", "split_shard",
-    "structural_hash", "to_json", "to_obj",
+    "DEFAULT_KERNEL_OPS", "DTYPES", "DTYPE_BYTES", "EGG_FUNCTIONS", "ELEMENTWISE_OPS", "EXTRA",
+    "Executor", "GraphFormatError", "HANDWRITTEN", "KernelGraph", "Limits", "OPS", "OpDef",
+    "Program", "ProgramError", "ROW_REDUCTIONS", "SUITE", "SearchResult", "ShapeError",
+    "Shard", "ShardResult", "Stats", "SymDim", "Tensor", "UNARY_OPS", "bind_dim",
+    "builtin_names", "builtin_program", "describe", "fmt_shape", "format_graph", "from_json",
+    "from_obj", "handwritten", "load_program", "load_program_file", "new_block_graph",
+    "new_kernel_graph", "parse_program", "plan_configs", "rank", "run_search", "run_shard",
+    "small_instance", "split_shard", "structural_hash", "to_json", "to_obj",
 ]
-
-if TYPE_CHECKING:
-    from .driver import Executor, SearchResult, ShardResult, run_search  # noqa: F401
-    from .enumerate import (  # noqa: F401
-        DEFAULT_BLOCK_OPS,
-        DEFAULT_KERNEL_OPS,
-        Context,
-        Limits,
-        Shard,
-        Stats,
-        plan_configs,
-        run_shard,
-        split_shard,
-    )
-    from .lang import Program, ProgramError, load_program_file, parse_program  # noqa: F401
-    from .ranking import describe, rank  # noqa: F401
-    from .suite import (  # noqa: F401
-        EXTRA,
-        SUITE,
-        builtin_names,
-        builtin_program,
-        load_program,
-        small_instance,
-    )
 
 
 def __getattr__(name: str):

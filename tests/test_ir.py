@@ -597,20 +597,11 @@ def test_docs_op_table_matches_the_op_table():
 
 
 def test_the_op_sets_are_read_from_the_op_table():
-    from search import (
-        BINARY_OPS,
-        DTYPE_BYTES,
-        DTYPES,
-        EGG_FUNCTIONS,
-        ELEMENTWISE_OPS,
-        OPS,
-        ROW_REDUCTIONS,
-        UNARY_OPS,
-    )
+    import search as s
 
-    assert set(UNARY_OPS) | set(BINARY_OPS) | {"mul_scalar"} == ELEMENTWISE_OPS
-    assert set(BINARY_OPS) == {"add", "sub", "mul", "div"}
-    assert ROW_REDUCTIONS == {"sum", "mean", "rms_norm"}
-    assert all(OPS[n].elementwise for n in ELEMENTWISE_OPS)
-    assert set(EGG_FUNCTIONS) <= set(OPS) and all(EGG_FUNCTIONS.values())
-    assert DTYPES == tuple(DTYPE_BYTES) and DTYPE_BYTES["float32"] == 4
+    assert set(s.UNARY_OPS) | set(s.BINARY_OPS) | {"mul_scalar"} == s.ELEMENTWISE_OPS
+    assert set(s.BINARY_OPS) == {"add", "sub", "mul", "div"}
+    assert s.ROW_REDUCTIONS == {"sum", "mean", "rms_norm"}
+    assert all(s.OPS[n].elementwise for n in s.ELEMENTWISE_OPS)
+    assert set(s.EGG_FUNCTIONS) <= set(s.OPS) and all(s.EGG_FUNCTIONS.values())
+    assert s.DTYPES == tuple(s.DTYPE_BYTES) and s.DTYPE_BYTES["float32"] == 4
