@@ -39,6 +39,9 @@ class Executor(Protocol):
 
 @dataclass
 class ShardResult:
+    """What the executor's task returns for one shard: its statistics and the structures it
+    verified (by structural hash), which the driver merges."""
+
     shard_id: str
     config_id: str
     stats: Stats
