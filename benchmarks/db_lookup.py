@@ -19,12 +19,13 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import db  # noqa: E402
-from db.models import Measurement, Program, Structure, Trial, utcnow  # noqa: E402
+from db import MeasurementRow, ProgramRow, StructureRow, TrialRow  # noqa: E402
 
 DEVICES = ("cpu:bench", "cuda:bench")
 SHAPES = {"x": [64, 4096], "w": [4096, 1024]}
@@ -35,12 +36,12 @@ def populate(database: db.Database, measurements: int, programs: int, seed: int)
     rng = random.Random(seed)
     structures_per_program = 8
     per_structure = max(1, measurements // (programs * structures_per_program * len(DEVICES)))
-    now = utcnow()
+    now = datetime.now(timezone.utc)
     hashes = [f"bench-program-{i:04d}" for i in range(programs)]
     with database.session() as s:
         conn = s.connection()
         conn.execute(
-            Program.__table__.insert(),
+            ProgramRow.__table__.insert(),
             [
                 {
                     "program_hash": h,
@@ -56,11 +57,13 @@ def populate(database: db.Database, measurements: int, programs: int, seed: int)
         pids = [
             p
             for (p,) in conn.execute(
-                Program.__table__.select().with_only_columns(Program.id).order_by(Program.id)
+                ProgramRow.__table__.select()
+                .with_only_columns(ProgramRow.id)
+                .order_by(ProgramRow.id)
             )
         ]
         conn.execute(
-            Structure.__table__.insert(),
+            StructureRow.__table__.insert(),
             [
                 {
                     "program_id": pid,
@@ -78,7 +81,9 @@ def populate(database: db.Database, measurements: int, programs: int, seed: int)
         sids = [
             r
             for (r,) in conn.execute(
-                Structure.__table__.select().with_only_columns(Structure.id).order_by(Structure.id)
+                StructureRow.__table__.select()
+                .with_only_columns(StructureRow.id)
+                .order_by(StructureRow.id)
             )
         ]
         trial_rows = [
@@ -93,14 +98,14 @@ def populate(database: db.Database, measurements: int, programs: int, seed: int)
             for dev in DEVICES
             for k in range(per_structure)
         ]
-        conn.execute(Trial.__table__.insert(), trial_rows)
+        conn.execute(TrialRow.__table__.insert(), trial_rows)
         trials = conn.execute(
-            Trial.__table__.select()
-            .with_only_columns(Trial.id, Trial.device_key)
-            .order_by(Trial.id)
+            TrialRow.__table__.select()
+            .with_only_columns(TrialRow.id, TrialRow.device_key)
+            .order_by(TrialRow.id)
         ).all()
         conn.execute(
-            Measurement.__table__.insert(),
+            MeasurementRow.__table__.insert(),
             [
                 {
                     "trial_id": tid,
@@ -121,12 +126,12 @@ def populate(database: db.Database, measurements: int, programs: int, seed: int)
         for pid in pids:
             for dev in DEVICES:
                 mid = conn.execute(
-                    Measurement.__table__.select()
-                    .with_only_columns(Measurement.id)
-                    .join(Trial, Trial.id == Measurement.trial_id)
-                    .join(Structure, Structure.id == Trial.structure_id)
-                    .where(Structure.program_id == pid, Trial.device_key == dev)
-                    .order_by(Measurement.median_s)
+                    MeasurementRow.__table__.select()
+                    .with_only_columns(MeasurementRow.id)
+                    .join(TrialRow, TrialRow.id == MeasurementRow.trial_id)
+                    .join(StructureRow, StructureRow.id == TrialRow.structure_id)
+                    .where(StructureRow.program_id == pid, TrialRow.device_key == dev)
+                    .order_by(MeasurementRow.median_s)
                     .limit(1)
                 ).scalar_one()
                 database.update_best(mid, "// kernel source\n" * 40, baseline_s=0.02)

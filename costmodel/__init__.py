@@ -17,8 +17,18 @@ from ._evaluate import SPLITS, cross_validate, folds
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
 from ._metrics import evaluate
 from ._models import MODEL_KINDS, CostModel, load_model, make_model
+from ._store import (
+    KT_DTYPE,
+    evaluate_database,
+    import_kernel_tuner,
+    model_for,
+    samples_from_rows,
+    spec_for_key,
+    train,
+)
 
-__all__ = ["FEATURE_VERSION", "MODEL_KINDS", "SPLITS", "CacheFormatError", "CostModel",
-           "KernelTunerSpace", "Sample", "concat", "cross_validate", "evaluate", "featurize",
-           "featurize_params", "folds", "kernel_tuner_samples", "load_model", "make_model",
-           "read_kernel_tuner", "sweep_samples"]
+__all__ = ["FEATURE_VERSION", "KT_DTYPE", "MODEL_KINDS", "SPLITS", "CacheFormatError",
+           "CostModel", "KernelTunerSpace", "Sample", "concat", "cross_validate", "evaluate",
+           "evaluate_database", "featurize", "featurize_params", "folds", "import_kernel_tuner",
+           "kernel_tuner_samples", "load_model", "make_model", "model_for", "read_kernel_tuner",
+           "samples_from_rows", "spec_for_key", "sweep_samples", "train"]

@@ -31,6 +31,7 @@ class KernelTunerSpace:
     keys: tuple[str, ...]  # the tunable parameters, in the cache's order
     configs: tuple[dict, ...]  # parameter values of every configuration
     times_s: tuple[float, ...]  # seconds (nan: the configuration failed on this GPU)
+    failures: tuple[str | None, ...] = ()  # Kernel Tuner's marker of a failed configuration
 
     @property
     def device_key(self) -> str:
@@ -59,20 +60,21 @@ def read_kernel_tuner(path: str | Path) -> KernelTunerSpace:
         raise CacheFormatError(f"{path}: 'tune_params_keys' must be a list of parameter names")
     if not isinstance(doc["cache"], dict) or not doc["cache"]:
         raise CacheFormatError(f"{path}: 'cache' must be a non-empty object of configurations")
-    configs, times = [], []
+    configs, times, failures = [], [], []
     for name, entry in doc["cache"].items():
         if not isinstance(entry, dict) or any(k not in entry for k in keys):
             raise CacheFormatError(f"{path}: cache entry {name!r} lacks the parameters {keys}")
         configs.append({k: entry[k] for k in keys})
         t = entry.get("time")
-        times.append(float(t) * 1e-3 if isinstance(t, int | float) and math.isfinite(t) and
-                     t > 0 else math.nan)  # Kernel Tuner's times are milliseconds
+        ok = isinstance(t, int | float) and math.isfinite(t) and t > 0
+        times.append(float(t) * 1e-3 if ok else math.nan)  # Kernel Tuner's are milliseconds
+        failures.append(None if ok else str(t))
     size = doc.get("problem_size") or []
     size = size if isinstance(size, list) else [size]
     device = str(doc.get("device_name") or "").strip() or path.name.split(".")[0]
     return KernelTunerSpace(str(doc.get("kernel_name") or path.name.split(".")[0]), device,
                             tuple(int(d) for d in size if isinstance(d, int | float)),
-                            tuple(keys), tuple(configs), tuple(times))
+                            tuple(keys), tuple(configs), tuple(times), tuple(failures))
 
 
 def replay_spec(device: str) -> DeviceSpec:

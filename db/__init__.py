@@ -8,50 +8,103 @@ Small public face (other packages use only this)::
 
 A new database is created at the current schema head; writes are idempotent on natural keys,
 so a retried task never duplicates a row. See docs/database.md.
+
+Inside, private modules: ``_engine`` (URL → configured engine), ``_models`` (the ORM rows,
+named ``*Row``), ``_records`` (the plain values queries return, errors, canonical keys),
+``_queries`` (reads), ``_store`` (the ``Database`` handle and its writes) and ``_migrate``
+(the packaged Alembic migrations in ``migrations/``, and the schema lock).
 """
 
 from __future__ import annotations
 
 from sqlalchemy.engine import URL
 
-from db import migrate
-from db.engine import DEFAULT_URL, make_engine, normalize_url, sqlite_file
-from db.models import JOB_STATUSES, MEASUREMENT_STATUSES, SHARD_STATUSES, VERSION_TABLE
-from db.records import (
+from db import _migrate
+from db._engine import DEFAULT_URL, make_engine, normalize_url, sqlite_file
+from db._learning import (
+    ALL_DEVICES,
+    MeasuredConfig,
+    ModelRecord,
+    TrainingRow,
+    best_model,
+    models,
+    newest_measurement_id,
+    record_measured_space,
+    save_model,
+    structure_configs,
+    training_rows,
+)
+from db._models import (
+    JOB_STATUSES,
+    MEASUREMENT_STATUSES,
+    SHARD_STATUSES,
+    VERSION_TABLE,
+    Base,
+    BestKernelRow,
+    JobRow,
+    MeasurementRow,
+    ProgramRow,
+    SearchShardRow,
+    StructureRow,
+    TrialRow,
+)
+from db._records import (
     BestKernel,
     DatabaseError,
     HistoryEntry,
     JobRecord,
     MeasurementRecord,
     MissingDriverError,
+    ProgramSummary,
     SchemaError,
     StructureRecord,
     config_hash,
     shapes_key,
 )
-from db.store import Database
+from db._store import Database
 
 __all__ = [
+    "ALL_DEVICES",
     "DEFAULT_URL",
     "JOB_STATUSES",
     "MEASUREMENT_STATUSES",
     "SHARD_STATUSES",
     "VERSION_TABLE",
+    "Base",
     "BestKernel",
+    "BestKernelRow",
     "Database",
     "DatabaseError",
     "HistoryEntry",
     "JobRecord",
+    "JobRow",
+    "MeasuredConfig",
     "MeasurementRecord",
+    "MeasurementRow",
     "MissingDriverError",
+    "ModelRecord",
+    "ProgramRow",
+    "ProgramSummary",
     "SchemaError",
+    "SearchShardRow",
     "StructureRecord",
+    "StructureRow",
+    "TrainingRow",
+    "TrialRow",
+    "best_model",
     "config_hash",
     "connect",
     "current_revision",
     "head_revision",
+    "models",
+    "newest_measurement_id",
     "normalize_url",
+    "record_measured_space",
+    "save_model",
     "shapes_key",
+    "sqlite_file",
+    "structure_configs",
+    "training_rows",
     "upgrade",
 ]
 
@@ -85,7 +138,7 @@ def connect(url: str | URL | None = None, *, migrate_schema: bool = True) -> Dat
 
 
 def _check_head(database: Database) -> None:
-    current, head = database.current_revision(), migrate.head_revision()
+    current, head = database.current_revision(), _migrate.head_revision()
     if current == head:
         return
     shown = database.engine.url.render_as_string(hide_password=True)
@@ -111,4 +164,4 @@ def current_revision(url: str | URL | None = None) -> str | None:
 
 def head_revision() -> str:
     """The newest schema revision this code knows."""
-    return migrate.head_revision()
+    return _migrate.head_revision()

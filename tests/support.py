@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import gzip
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kernels import Execution, KernelPlan, get_device
@@ -54,3 +58,64 @@ def mha_structure(over: str, heads: int = 4, rows: int = 8, dim: int = 16,
                 {"op": "accum", "in": [4], "kind": "sum"}, {"op": "div", "in": [6, 7]},
                 {"op": "output", "in": [8], "omap": out}]}},
         {"op": "output", "in": [3]}]}
+
+
+def kernel_tuner_cache(directory: Path, name: str = "A100",
+                       times: Callable[[int, int], float] | None = None,
+                       device: str = "NVIDIA A100-PCIE-40GB") -> str:
+    """A small Kernel Tuner cache file (two parameters, 48 configs that ran, one that did
+    not) at ``directory/name.json.gz``; ``times(a, b)`` gives milliseconds."""
+    entries = {}
+    for a in (1, 2, 4, 8, 16, 32, 64, 128):
+        for b in (1, 2, 4, 8, 16, 32):
+            t = times(a, b) if times else (math.log2(a) - 3) ** 2 + 0.5 * math.log2(b) + 1.0
+            entries[f"{a},{b}"] = {"a": a, "b": b, "time": t}
+    entries["256,1"] = {"a": 256, "b": 1, "time": "InvalidConfig"}
+    doc = {"device_name": device, "kernel_name": "toy", "problem_size": [1024, 1024],
+           "tune_params_keys": ["a", "b"], "cache": entries}
+    path = Path(directory) / f"{name}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return str(path)
+
+
+# Malformed job files (tests/test_jobfile.py checks each one's error; tests/test_launch.py
+# that `tuner launch` refuses them without touching the database):
+# (job text, line, key path, a fragment of the reason)
+MALFORMED = [
+    ("", 1, "job", "empty"),
+    ("programs: [rmsnorm_matmul\n", 2, "yaml", "not valid YAML"),
+    ("search: {max_block_ops: 4}\n", 1, "programs", "missing"),
+    ("programs: [rmsnorm_matmul]\ntunning: {}\n", 2, "tunning", "did you mean 'tuning'"),
+    ("programs: []\n", 1, "programs", "non-empty list"),
+    ("programs:\n  - rmsnorm_matmul\n  - rmsnrom_matmul\n", 3, "programs[1]",
+     "did you mean 'rmsnorm_matmul'"),
+    ("programs:\n  - name: lora\n    file: x.yaml\n", 2, "programs[0]", "exactly one of"),
+    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      batch: 2\n      Z: 4\n", 5,
+     "programs[0].set.Z", "no parameter or input 'Z'"),
+    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      X: 16xabc\n", 4,
+     "programs[0].set.X", "16x1024"),
+    ("programs:\n  - name: softmax_rows\n    set: {rows: 0}\n", 3,
+     "programs[0].set.rows", "at least 1"),
+    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      X: 16x100\n", 4,
+     "programs[0].set", "inner dims differ"),
+    ("programs:\n  - lora\n  - file: nowhere/prog.yaml\n", 3, "programs[1].file",
+     "no program file"),
+    ("programs:\n  - mha\n  - mha\n", 3, "programs[1]", "already programs[0]"),
+    ("programs: [lora]\nsearch:\n  max_grid_dims: 4\n", 3, "search.max_grid_dims", "1 to 3"),
+    ("programs: [lora]\nsearch:\n  block_ops:\n    - exp\n    - softmax\n", 5,
+     "search.block_ops[1]", "not a block op"),
+    ("programs: [lora]\nsearch:\n  kernel_ops: [matmul, accum]\n", 3, "search.kernel_ops[1]",
+     "not a kernel op"),
+    ("programs: [lora]\ntuning:\n  sampler: tpe\n  trials_per_structure: 0\n", 4,
+     "tuning.trials_per_structure", "at least 1"),
+    ("programs: [lora]\ntuning:\n  time_budget_s: -5\n", 3, "tuning.time_budget_s", "> 0"),
+    ("programs: [lora]\ntuning: {sampler: cmaes}\n", 2, "tuning.sampler", "tpe, random, grid"),
+    ("programs: [lora]\ntuning:\n  confirm: -1\n", 3, "tuning.confirm", "at least 0"),
+    ("programs: [lora]\ndevices:\n  - cpu\n  - gpu0\n", 4, "devices[1]", "unknown device"),
+    ("programs: [lora]\ndevices: [cuda, cuda:0]\n", 2, "devices[1]", "repeats"),
+    ("programs: [lora]\ncluster:\n  workers: 1.5\n", 3, "cluster.workers", "whole number"),
+    ("programs: [lora]\ndatabase:\n  url: mysql://u@h/db\n", 3, "database.url",
+     "unsupported database"),
+    ("programs: [lora]\ncluster: {workers: 2, workers: 3}\n", 2, "cluster.workers",
+     "duplicate key"),
+]

@@ -253,3 +253,33 @@ def test_console_command_in_a_subprocess(graphs, tmp_path):
         "(use names, numbers, + - * / @ and op calls)"]
     helped = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and "verify" in helped.stdout
+
+
+def test_times_and_progress_lines_read_as_they_did(capsys):
+    """One formatter and one progress class print every command's times and progress lines,
+    word for word what each command printed before (the lines of README's `make demo`)."""
+    from tuner._console import Progress, ms
+    from tuner.cmd_search import SEARCH_LINE
+
+    assert (ms(1.6e-5), ms(None), ms(float("nan"))) == ("0.016 ms", "-", "-")
+    assert ms(1.01e-5, unit="") == "0.010"  # the summary and status tables (headed "ms")
+    assert ms(1.23456e-3, spec=".4g") == "1.235 ms"  # tuner measure
+    info = {"states": 1472, "verified": 15, "elapsed_s": 1.14}
+    trial = {"status": "ok", "median_s": 1.6e-5, "config": {"g0": 8, "F": 4}}
+    launch = Progress()
+    launch.tty = False  # lines, as in a log or CI (a terminal gets tqdm bars)
+    launch.search("rmsnorm_matmul", info)
+    launch.trial("rmsnorm_matmul", "6fcfac231e2cc295", trial)
+    launch.trial("rmsnorm_matmul", "6fcfac231e2cc295", {"status": "timeout", "config": {}})
+    launch.log("done")
+    search = Progress(search_line=SEARCH_LINE)
+    search.tty = False
+    search.search("", info)
+    Progress(enabled=False).search("x", info)  # --json / --quiet: nothing
+    assert capsys.readouterr().err.splitlines() == [
+        "search rmsnorm_matmul: states 1,472  verified 15  1.1s",
+        "tune rmsnorm_matmul [6fcfac231e] F=4 g0=8: 0.016 ms",
+        "tune rmsnorm_matmul [6fcfac231e] : timeout",
+        "done",
+        "search: states 1,472  verified 15  elapsed 1.1s",
+    ]

@@ -3,12 +3,12 @@ rank a synthetic space correctly, and a model's round trip through bytes."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 
 import numpy as np
 import pytest
+from support import kernel_tuner_cache, mha_structure
 
 from costmodel import (
     CacheFormatError,
@@ -22,7 +22,6 @@ from costmodel import (
 )
 from kernels import get_spec
 from search import from_obj
-from tests.support import mha_structure
 
 SPEC = get_spec("NVIDIA H100 80GB HBM3")
 
@@ -43,22 +42,8 @@ def test_features_of_a_known_structure():
     assert not np.array_equal(other.nodes, s.nodes)
 
 
-def _cache(tmp_path, name="A100", times=None, **extra) -> str:
-    entries = {}
-    for a in (1, 2, 4, 8, 16, 32, 64, 128):
-        for b in (1, 2, 4, 8, 16, 32):
-            t = times(a, b) if times else (math.log2(a) - 3) ** 2 + 0.5 * math.log2(b) + 1.0
-            entries[f"{a},{b}"] = {"a": a, "b": b, "time": t}
-    entries["256,1"] = {"a": 256, "b": 1, "time": "InvalidConfig"}
-    doc = {"device_name": extra.get("device", "NVIDIA A100-PCIE-40GB"), "kernel_name": "toy",
-           "problem_size": [1024, 1024], "tune_params_keys": ["a", "b"], "cache": entries}
-    path = tmp_path / f"{name}.json.gz"
-    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
-    return str(path)
-
-
 def test_kernel_tuner_cache_reads_times_in_seconds_and_drops_failures(tmp_path):
-    space = read_kernel_tuner(_cache(tmp_path))
+    space = read_kernel_tuner(kernel_tuner_cache(tmp_path))
     assert space.device_key == "replay:NVIDIA A100-PCIE-40GB"
     assert len(space.configs) == 49 and math.isnan(space.times_s[-1])
     assert space.times_s[0] == pytest.approx(10e-3)  # 10 ms in the file
@@ -81,7 +66,7 @@ def test_a_malformed_cache_is_refused_with_the_file_named(tmp_path, text, why):
 @pytest.mark.parametrize("kind, options", [("gbdt", {"trees": 100}),
                                            ("graphsage", {"steps": 300})])
 def test_a_model_ranks_a_synthetic_space(tmp_path, kind, options):
-    samples = kernel_tuner_samples(read_kernel_tuner(_cache(tmp_path)))
+    samples = kernel_tuner_samples(read_kernel_tuner(kernel_tuner_cache(tmp_path)))
     model = make_model(kind, **options)
     model.fit(samples)
     pred = model.predict(samples)
@@ -91,7 +76,7 @@ def test_a_model_ranks_a_synthetic_space(tmp_path, kind, options):
 
 
 def test_a_model_round_trips_through_bytes(tmp_path):
-    samples = kernel_tuner_samples(read_kernel_tuner(_cache(tmp_path)))
+    samples = kernel_tuner_samples(read_kernel_tuner(kernel_tuner_cache(tmp_path)))
     model = make_model("graphsage", steps=50)
     model.fit(samples)
     again = load_model(model.to_bytes())

@@ -17,8 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 import db
-from db import migrate
-from db.models import Base, Program
+from db import Base, ProgramRow
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ENV = "TUNER_TEST_POSTGRES_URL"
@@ -62,7 +61,7 @@ def test_new_database_is_created_at_head(any_url: str) -> None:
     assert db.current_revision(any_url) is None
     with db.connect(any_url) as database:
         assert database.current_revision() == db.head_revision()
-        assert migrate.schema_diff(database.engine) == []
+        assert database.schema_diff() == []
     tables = _tables(any_url)
     assert {t.name for t in Base.metadata.sorted_tables} | {db.VERSION_TABLE} <= tables
     assert "alembic_version" not in tables  # that name belongs to Optuna
@@ -106,8 +105,7 @@ def test_upgrade_is_idempotent_and_keeps_data(sqlite_url: str) -> None:
 
 def test_downgrade_to_base_then_upgrade(sqlite_url: str) -> None:
     with db.connect(sqlite_url) as database:
-        migrate.downgrade_engine(database.engine, "base")
-        assert database.current_revision() is None
+        assert database.downgrade("base") is None
         assert not any(
             t.startswith("tuner_") and t != db.VERSION_TABLE for t in _tables(sqlite_url)
         )
@@ -328,12 +326,12 @@ def test_session_rolls_back_everything_on_error(database: db.Database) -> None:
         pass
 
     with pytest.raises(Boom), database.session() as s:
-        s.add(Program(program_hash="p1", shapes_key="[]", dtype="f32", name="a", graph_json="{}"))
+        s.add(ProgramRow(program_hash="p1", shapes_key="[]", dtype="f32", name="a", graph_json="{}"))
         s.flush()  # the row reached the database inside the transaction
         raise Boom
     assert database.row_counts()["tuner_programs"] == 0
     with database.session() as s:
-        s.add(Program(program_hash="p1", shapes_key="[]", dtype="f32", name="a", graph_json="{}"))
+        s.add(ProgramRow(program_hash="p1", shapes_key="[]", dtype="f32", name="a", graph_json="{}"))
     assert database.row_counts()["tuner_programs"] == 1
 
 
@@ -422,11 +420,11 @@ def test_coexists_with_optuna_rdb_storage(any_url: str, optuna_first: bool) -> N
 
 
 def test_best_lookup_is_an_indexed_point_query(sqlite_url: str) -> None:
-    from db import queries
+    from db import _queries  # a white-box test of the prepared statements
 
     params = {"program_hash": "h", "shapes_key": "[]", "dtype": "f", "device_key": "d"}
     with db.connect(sqlite_url) as database, database.engine.connect() as conn:
-        for stmt in (queries._BEST_ON_DEVICE, queries._BEST_ANY_DEVICE):
+        for stmt in (_queries._BEST_ON_DEVICE, _queries._BEST_ANY_DEVICE):
             bound = stmt.params(**params).compile(
                 database.engine, compile_kwargs={"literal_binds": True}
             )

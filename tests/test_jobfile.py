@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support import MALFORMED
 
 from search import Limits
 from tuner.jobfile import JobError, JobSpec, load_job, parse_job
@@ -89,7 +90,7 @@ def test_every_entry_form_and_defaults(tmp_path: Path) -> None:
 
 
 def test_sqlite_default_matches_db_and_validation_creates_no_database(tmp_path: Path) -> None:
-    from db.engine import DEFAULT_URL
+    from db import DEFAULT_URL
     from tuner.jobfile import DatabaseSpec
 
     assert DatabaseSpec().url == DEFAULT_URL
@@ -125,47 +126,6 @@ def test_sections_map_onto_limits_and_samplers() -> None:
     assert (job.cluster.address, job.cluster.workers) == ("auto", 3)
     assert job.database.url == "postgresql://tuner@db:5432/tuner"
     assert isinstance(job, JobSpec)
-
-
-# (job text, line, key path, a fragment of the reason)
-MALFORMED = [
-    ("", 1, "job", "empty"),
-    ("programs: [rmsnorm_matmul\n", 2, "yaml", "not valid YAML"),
-    ("search: {max_block_ops: 4}\n", 1, "programs", "missing"),
-    ("programs: [rmsnorm_matmul]\ntunning: {}\n", 2, "tunning", "did you mean 'tuning'"),
-    ("programs: []\n", 1, "programs", "non-empty list"),
-    ("programs:\n  - rmsnorm_matmul\n  - rmsnrom_matmul\n", 3, "programs[1]",
-     "did you mean 'rmsnorm_matmul'"),
-    ("programs:\n  - name: lora\n    file: x.yaml\n", 2, "programs[0]", "exactly one of"),
-    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      batch: 2\n      Z: 4\n", 5,
-     "programs[0].set.Z", "no parameter or input 'Z'"),
-    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      X: 16xabc\n", 4,
-     "programs[0].set.X", "16x1024"),
-    ("programs:\n  - name: softmax_rows\n    set: {rows: 0}\n", 3,
-     "programs[0].set.rows", "at least 1"),
-    ("programs:\n  - name: rmsnorm_matmul\n    set:\n      X: 16x100\n", 4,
-     "programs[0].set", "inner dims differ"),
-    ("programs:\n  - lora\n  - file: nowhere/prog.yaml\n", 3, "programs[1].file",
-     "no program file"),
-    ("programs:\n  - mha\n  - mha\n", 3, "programs[1]", "already programs[0]"),
-    ("programs: [lora]\nsearch:\n  max_grid_dims: 4\n", 3, "search.max_grid_dims", "1 to 3"),
-    ("programs: [lora]\nsearch:\n  block_ops:\n    - exp\n    - softmax\n", 5,
-     "search.block_ops[1]", "not a block op"),
-    ("programs: [lora]\nsearch:\n  kernel_ops: [matmul, accum]\n", 3, "search.kernel_ops[1]",
-     "not a kernel op"),
-    ("programs: [lora]\ntuning:\n  sampler: tpe\n  trials_per_structure: 0\n", 4,
-     "tuning.trials_per_structure", "at least 1"),
-    ("programs: [lora]\ntuning:\n  time_budget_s: -5\n", 3, "tuning.time_budget_s", "> 0"),
-    ("programs: [lora]\ntuning: {sampler: cmaes}\n", 2, "tuning.sampler", "tpe, random, grid"),
-    ("programs: [lora]\ntuning:\n  confirm: -1\n", 3, "tuning.confirm", "at least 0"),
-    ("programs: [lora]\ndevices:\n  - cpu\n  - gpu0\n", 4, "devices[1]", "unknown device"),
-    ("programs: [lora]\ndevices: [cuda, cuda:0]\n", 2, "devices[1]", "repeats"),
-    ("programs: [lora]\ncluster:\n  workers: 1.5\n", 3, "cluster.workers", "whole number"),
-    ("programs: [lora]\ndatabase:\n  url: mysql://u@h/db\n", 3, "database.url",
-     "unsupported database"),
-    ("programs: [lora]\ncluster: {workers: 2, workers: 3}\n", 2, "cluster.workers",
-     "duplicate key"),
-]
 
 
 @pytest.mark.parametrize("text,line,key,fragment", MALFORMED,

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import MALFORMED
 
 import db
 import tuner
 from tuner.confirm import TIMINGS
+from verifier import DEFAULT_TESTS, equivalent
 
 REPO = Path(__file__).resolve().parents[1]
 TUNER = [sys.executable, "-m", "tuner.cli"]
@@ -146,9 +148,13 @@ def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
     check_job(sqlite_url, tmp_path)
     # the program as written is stored beside the verified structures, as a candidate
     with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
-        verdicts = [json.loads(v)["verdict"] for (v,) in conn.execute(
+        stored = [json.loads(v) for (v,) in conn.execute(
             "SELECT verification_json FROM tuner_structures")]
+    verdicts = [v["verdict"] for v in stored]
     assert verdicts.count("reference") == 1 and "equivalent" in verdicts
+    # each verified structure says how: the search's tests, at the small instance's shapes
+    assert all(v["tests"] == DEFAULT_TESTS and v["instance"] == {"X": [16, 16]}
+               for v in stored if v["verdict"] == "equivalent")
     # optuna-dashboard's own storage loader opens the database and sees the studies
     pytest.importorskip("optuna_dashboard")
     from optuna_dashboard._storage_url import get_storage
@@ -157,6 +163,25 @@ def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
     studies = storage.get_all_studies()
     assert studies and all(s.study_name.startswith("softmax_rows:") for s in studies)
     assert any(storage.get_all_trials(s._study_id) for s in studies)
+
+
+def test_a_structure_is_stored_with_the_verification_the_search_ran() -> None:
+    """The provenance stored with a structure is what the search did (no literals): running
+    the check it describes (tests, instance shapes, symbol binding) verifies it again."""
+    from search import handwritten
+    from tuner.launch import VERIFY_TESTS, small_instance_shapes, structure_verification
+
+    program = tuner.load_program("rmsnorm_matmul", {"X": (16, 256), "W": (256, 256)})
+    structure = handwritten(program)
+    found = structure_verification(structure, small_instance_shapes(program))
+    assert found["tests"] == VERIFY_TESTS == DEFAULT_TESTS
+    assert found["instance"] == {"X": [16, 16], "W": [16, 16]}
+    assert found["symbols"] == {"F": 2, "g0": 2} and found["arithmetic"] == "field"
+    small = tuner.load_program("rmsnorm_matmul", {k: tuple(s) for k, s in
+                                                  found["instance"].items()}).build()
+    bound = structure.replay([small.tensors[t].shape for t in small.input_ids],
+                             found["symbols"])
+    assert equivalent(small, bound, tests=found["tests"]).equivalent
 
 
 def test_status_watch_repeats_until_interrupted(sqlite_url: str, tmp_path: Path) -> None:
@@ -235,6 +260,47 @@ def test_sigkill_then_resume(sqlite_url: str, tmp_path: Path) -> None:
         assert record.timings["total_s"] > 0
 
 
+_OPEN = """
+import os, sys, time
+from pathlib import Path
+import db
+from tuner.launch import optuna_storage
+url, here = sys.argv[1], Path(sys.argv[2])
+(here / f"ready-{os.getpid()}").touch()
+while not (here / "go").exists():
+    time.sleep(0.001)
+with db.connect(url) as database:
+    optuna_storage(database).engine.dispose()
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_launches_started_at_once_on_a_fresh_database_create_its_tables_in_turn(
+        backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """What every `tuner launch` does first with its database (our migrations, then Optuna's
+    storage), in four processes let go at the same instant on a fresh database.  Without the
+    schema lock Optuna's set-up failed in one of them ("table studies already exists", a
+    UNIQUE violation on its alembic_version) nearly every time, on both backends."""
+    url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
+    procs = [subprocess.Popen([sys.executable, "-c", _OPEN, url, str(tmp_path)], cwd=REPO,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    try:
+        deadline = time.time() + 120
+        while len(list(tmp_path.glob("ready-*"))) < len(procs) and time.time() < deadline:
+            time.sleep(0.01)
+        (tmp_path / "go").touch()
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(errors)[-3000:]
+    assert db.current_revision(url) == db.head_revision()
+    optuna = pytest.importorskip("optuna")
+    storage = optuna.storages.RDBStorage(url)
+    assert storage.get_current_version() == storage.get_head_version()
+    storage.engine.dispose()
+
+
 def test_resume_without_earlier_run_is_refused(sqlite_url: str, tmp_path: Path) -> None:
     res = run_cli("launch", str(write_job(tmp_path)), "--db", sqlite_url, "--resume")
     assert res.returncode == 2
@@ -263,8 +329,6 @@ def _db_files(path: Path) -> dict[str, bytes]:
 
 def test_malformed_jobs_exit_2_and_leave_the_database_unchanged(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from test_jobfile import MALFORMED
-
     from tuner import cli
 
     path = tmp_path / "tuner.db"
@@ -313,7 +377,7 @@ def test_db_upgrade_creates_then_reports_head(tmp_path: Path,
 
 
 def test_a_cluster_without_gpus_is_refused_before_the_database(tmp_path: Path) -> None:
-    """With --address the GPUs are the cluster's: Launch.run joins Ray and runs this check
+    """With --address the GPUs are the cluster's: JobRun.run joins Ray and runs this check
     before it opens the database; a cluster without GPUs is an input error (exit 2)."""
     from cluster import start_ray, stop_ray
     from tuner.launch import InputError, check_cluster_gpus

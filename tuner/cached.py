@@ -10,7 +10,7 @@ ever returned.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ def resolve_device_key(device: str | None) -> str | None:
     return device
 
 
-def launch_hint(name: str, shapes: Mapping[str, Any]) -> str:
+def launch_hint(name: str, shapes: Mapping[str, Sequence[int]]) -> str:
     sets = " ".join(f"--set {k}={'x'.join(str(d) for d in v)}" for k, v in shapes.items())
     return (f"no tuned kernel for {name} ({sets}) in this database; tune it with `tuner launch "
             f"JOB.yaml` (a job listing `{{name: {name}, set: ...}}`; see "

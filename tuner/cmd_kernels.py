@@ -16,8 +16,9 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from search import GraphFormatError, KernelGraph, structural_hash
 from search.handwritten import handwritten
@@ -25,7 +26,11 @@ from search.lang import Program
 from search.serialize import from_obj
 from search.suite import load_program
 
+from ._console import ms
 from .api import InputError, parse_config, parse_pairs
+
+if TYPE_CHECKING:
+    from kernels import DeviceSpec, KernelPlan
 
 GPUS = ("H100", "A100", "H200")
 _HEX = re.compile(r"^[0-9a-fA-F]{4,64}$")
@@ -37,9 +42,17 @@ _HEX = re.compile(r"^[0-9a-fA-F]{4,64}$")
 # ---------------------------------------------------------------- structures
 
 
-def read_structures(path: str) -> list[dict[str, Any]]:
-    """The ranked structures of a search output file, or the one graph of a µGraph JSON file,
-    as ``[{"graph": KernelGraph, "hash": str}, ...]`` (best first)."""
+@dataclass(frozen=True)
+class FoundStructure:
+    """A structure of a search output (or a µGraph file) and its structural hash."""
+
+    graph: KernelGraph
+    hash: str
+
+
+def read_structures(path: str) -> list[FoundStructure]:
+    """The ranked structures of a search output file, or the one graph of a µGraph JSON file
+    (best first)."""
     try:
         text = Path(path).read_text()
     except OSError as err:
@@ -62,14 +75,14 @@ def read_structures(path: str) -> list[dict[str, Any]]:
                 graph = from_obj(entry["graph"])
             except GraphFormatError as err:
                 raise GraphFormatError(f"{path}: structures[{i}].graph: {err}") from None
-            out.append({"graph": graph, "hash": str(entry.get("hash") or structural_hash(graph))})
+            out.append(FoundStructure(graph, str(entry.get("hash") or structural_hash(graph))))
         return out
     try:
         graph = from_obj(doc)
     except GraphFormatError as err:
         raise GraphFormatError(f"{path}: {err} (expected a µGraph JSON file or a search output "
                                "with a 'structures' list)") from None
-    return [{"graph": graph, "hash": structural_hash(graph)}]
+    return [FoundStructure(graph, structural_hash(graph))]
 
 
 def _check_inputs(program: Program, graph: KernelGraph, what: str) -> None:
@@ -81,7 +94,7 @@ def _check_inputs(program: Program, graph: KernelGraph, what: str) -> None:
 
 
 def resolve_structure(program: Program, choice: str = "best", structures: str | None = None,
-                      device: Any = "cpu") -> tuple[KernelGraph, str]:
+                      device: str | DeviceSpec = "cpu") -> tuple[KernelGraph, str]:
     """(structure, a phrase saying which one) for ``--structure choice``; ``best`` is the
     structure of ``structures`` (or the reference program) with the fastest roofline estimate
     on ``device``."""
@@ -98,38 +111,38 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
         from kernels import rank_structures
 
         found = read_structures(structures)
-        _check_inputs(program, found[0]["graph"], structures)  # one search: one set of shapes
-        graphs = [s["graph"] for s in found] + [program.build()]
+        _check_inputs(program, found[0].graph, structures)  # one search: one set of shapes
+        graphs = [s.graph for s in found] + [program.build()]
         first = rank_structures(graphs, device)[0]
         if first == len(found):
             return graphs[first], (f"the reference program (a kernel per op): its roofline "
                                    f"estimate beats every structure of {structures}")
         top = found[first]
-        what = f"best structure {top['hash'][:12]} of {structures} (roofline estimate)"
+        what = f"best structure {top.hash[:12]} of {structures} (roofline estimate)"
     elif Path(choice).exists():
         top = read_structures(choice)[0]
-        what = f"structure {top['hash'][:12]} from {choice}"
+        what = f"structure {top.hash[:12]} from {choice}"
     elif _HEX.match(choice):
         if not structures:
             raise InputError(f"--structure {choice}: a hash prefix is looked up in a search "
                              "output; give it with --structures FILE")
         found = [s for s in read_structures(structures)
-                 if s["hash"].lower().startswith(choice.lower())]
+                 if s.hash.lower().startswith(choice.lower())]
         if len(found) != 1:
-            known = ", ".join(s["hash"][:12] for s in read_structures(structures)[:8])
+            known = ", ".join(s.hash[:12] for s in read_structures(structures)[:8])
             raise InputError(f"--structure {choice}: {'no' if not found else len(found)} "
                              f"structure(s) in {structures} with that hash prefix; have {known}")
         top = found[0]
-        what = f"structure {top['hash'][:12]} of {structures}"
+        what = f"structure {top.hash[:12]} of {structures}"
     else:
         raise InputError(f"--structure {choice}: not best, handwritten, a hash prefix or an "
                          "existing file")
-    _check_inputs(program, top["graph"], what)
-    return top["graph"], what
+    _check_inputs(program, top.graph, what)
+    return top.graph, what
 
 
 def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
-                   device: Any) -> dict[str, int]:
+                   device: str | DeviceSpec) -> dict[str, int]:
     """The user's config completed from the AStitch default for ``device``.
 
     The default's mapping knobs were chosen for the default symbols, so they are kept only
@@ -156,8 +169,9 @@ def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
     return merged
 
 
-def _lower(structure: KernelGraph, config: Mapping[str, int], device: Any, name: str):
-    from kernels.lowering import lower
+def _lower(structure: KernelGraph, config: Mapping[str, int], device: str | DeviceSpec,
+           name: str) -> KernelPlan:
+    from kernels import lower
 
     try:
         return lower(structure, config, device, name)
@@ -165,7 +179,8 @@ def _lower(structure: KernelGraph, config: Mapping[str, int], device: Any, name:
         raise InputError(f"config {dict(config)}: {err}") from None
 
 
-def _prepare(args: argparse.Namespace, device: Any) -> tuple[Program, KernelGraph, dict, Any]:
+def _prepare(args: argparse.Namespace, device: str | DeviceSpec
+             ) -> tuple[Program, KernelGraph, dict[str, int], KernelPlan]:
     """(program, structure, config, plan); says on stderr which structure and config."""
     program = load_program(args.program, parse_pairs(args.set, "--set"))
     structure, what = resolve_structure(program, args.structure, args.structures, device)
@@ -190,10 +205,6 @@ def cmd_codegen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt_ms(s: float) -> str:
-    return "-" if math.isnan(s) else f"{s * 1e3:.4g} ms"
-
-
 def cmd_measure(args: argparse.Namespace) -> int:
     from kernels import cuda_available, cuda_device_spec, measure_program
 
@@ -209,7 +220,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         print(json.dumps(m.as_dict(), indent=2))
     else:
         rows = [("program", m.program), ("device", m.device), ("status", m.status),
-                ("kernel", _fmt_ms(m.kernel_s)), ("baseline", _fmt_ms(m.baseline_s)
+                ("kernel", ms(m.kernel_s, spec=".4g")), ("baseline", ms(m.baseline_s, spec=".4g")
                                                    + " (reference op by op)"),
                 ("speedup", "-" if math.isnan(m.speedup) else f"{m.speedup:.2f}x"),
                 ("max error", "-" if math.isnan(m.max_error) else f"{m.max_error:.3g}"),
@@ -239,7 +250,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "the rest comes from the AStitch default")
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     """Add ``codegen`` and ``measure`` to the ``tuner`` subcommands."""
     p = sub.add_parser("codegen", help="print the CUDA or C++ source of a fused structure")
     _common(p)

@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ._console import Progress, config_text, ms
 from .api import InputError, parse_pairs
+
+if TYPE_CHECKING:
+    from .launch import LaunchResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,72 +56,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------- launch
 
 
-class Progress:
-    """Bars per phase on a terminal (tqdm), plain log lines otherwise; silent when quiet."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self.bar: Any = None
-
-    def log(self, message: str) -> None:
-        if self.quiet:
-            return
-        if self.bar is not None:
-            self.bar.write(message, file=sys.stderr)
-        else:
-            print(message, file=sys.stderr, flush=True)
-
-    def _bar(self, desc: str, unit: str, total: int | None = None) -> Any:
-        if self.bar is not None and self.bar.desc == desc:
-            return self.bar
-        self.close()
-        from tqdm import tqdm
-
-        self.bar = tqdm(desc=desc, total=total, unit=unit, file=sys.stderr, leave=False)
-        return self.bar
-
-    def search(self, program: str, info: dict) -> None:
-        if self.quiet:
-            return
-        line = (f"states {info['states']:,}  verified {info['verified']}  "
-                f"{info['elapsed_s']:.1f}s")
-        if self.tty:
-            self._bar(f"search {program}", " states").set_postfix_str(line)
-        else:
-            print(f"search {program}: {line}", file=sys.stderr, flush=True)
-
-    def trial(self, program: str, task: Any, res: dict) -> None:
-        if self.quiet:
-            return
-        t = res.get("median_s")
-        what = f"{t * 1e3:.3f} ms" if res["status"] == "ok" and t else res["status"]
-        config = " ".join(f"{k}={v}" for k, v in sorted(res.get("config", {}).items()))
-        if self.tty:
-            bar = self._bar(f"tune {program}", " trials")
-            bar.update(1)
-            bar.set_postfix_str(f"{config}: {what}")
-        else:
-            print(f"tune {program} [{task.structure_hash[:10]}] {config}: {what}",
-                  file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
-def _ms(s: float | None) -> str:
-    return "-" if s is None else f"{s * 1e3:.3f}"
-
-
-def format_summary(result: Any) -> str:
+def format_summary(result: LaunchResult) -> str:
     rows = [("program", "device", "best ms", "numpy ms", "speedup", "structures", "trials",
              "failures", "best kernel")]
     for r in result.reports:
         fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != "ok")
-        cfg = " ".join(f"{k}={v}" for k, v in sorted((r.best_config or {}).items()))
-        rows.append((r.program, r.device_key.split(":")[0], _ms(r.best_s), _ms(r.baseline_s),
+        cfg = config_text(r.best_config)
+        rows.append((r.program, r.device_key.split(":")[0], ms(r.best_s, unit=""),
+                     ms(r.baseline_s, unit=""),
                      f"{r.speedup:.2f}x" if r.speedup else "-",
                      f"{r.structures_tuned}/{r.structures_found}",
                      f"{r.trials} ({r.new_trials} new)", fails or "none",
@@ -132,12 +78,12 @@ def format_summary(result: Any) -> str:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .launch import Launch, prepare
+    from .launch import JobRun, prepare
 
     job, url = prepare(args.job, args.db, args.resume, args.address)  # nothing written before this passes
-    progress = Progress(args.quiet or args.json)
+    progress = Progress(enabled=not (args.quiet or args.json))
     try:
-        result = Launch(job, url, address=args.address, log=progress.log,
+        result = JobRun(job, url, address=args.address, log=progress.log,
                         progress=progress).run()
     except KeyboardInterrupt:
         progress.close()
@@ -186,11 +132,11 @@ def cmd_best(args: argparse.Namespace) -> int:
     if args.source:
         print(record.source)
         return 0
-    cfg = " ".join(f"{k}={v}" for k, v in sorted((record.config or {}).items()))
+    cfg = config_text(record.config)
     speed = f"{record.speedup:.2f}x over op-by-op" if record.speedup else "no baseline"
     shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in program.inputs.items())
     print(f"{program.name} ({shapes}, {record.dtype}) on {record.device_key}\n"
-          f"  best kernel: {record.time_s * 1e3:.3f} ms"
+          f"  best kernel: {ms(record.time_s)}"
           f"{f', median of {timings} timings' if timings > 1 else ''} ({speed}); structure "
           f"{record.structure_hash[:16]}, config {cfg or '(none)'}\n"
           f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints it")

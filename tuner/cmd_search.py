@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from cluster import SearchResult, search_program
 from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
 from search.suite import load_program
 
+from ._console import Progress
 from .api import InputError, parse_pairs
+
+# the progress line of `tuner search` (`tuner launch` leaves out the word "elapsed")
+SEARCH_LINE = "states {states:,}  verified {verified}  elapsed {elapsed_s:.1f}s"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,32 +57,6 @@ def _limits(args: argparse.Namespace) -> Limits:
         raise InputError(str(err)) from None
 
 
-class _Progress:
-    """A tqdm bar on a terminal; plain log lines otherwise (and never with --json)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.bar = None
-        self.enabled = enabled
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=None, unit=" states", file=sys.stderr, leave=False)
-
-    def __call__(self, info: dict) -> None:
-        if not self.enabled:
-            return
-        line = (f"states {info['states']:,}  verified {info['verified']}  "
-                f"elapsed {info['elapsed_s']:.1f}s")
-        if self.bar is not None:
-            self.bar.set_postfix_str(line, refresh=True)
-        else:
-            print(f"search: {line}", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def write_results(path: str, result: SearchResult, program_inputs: dict) -> None:
     """The verified structures in a file the verifier and later stages read back."""
     doc = {"format": "tuner.search/1", "program": result.program,
@@ -100,11 +77,12 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise InputError("--time-limit must be positive")
     program = load_program(args.program, parse_pairs(args.set))
     limits = _limits(args)
-    progress = _Progress(enabled=not args.json)
+    progress = Progress(enabled=not args.json, search_line=SEARCH_LINE)
     start = time.perf_counter()
     try:
         result = search_program(program, limits, workers=args.workers, address=args.address,
-                                time_limit_s=args.time_limit, on_progress=progress)
+                                time_limit_s=args.time_limit,
+                                on_progress=lambda info: progress.search("", info))
     finally:
         progress.close()
     if args.out:

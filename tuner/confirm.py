@@ -12,10 +12,16 @@ stored as measurements with ``attempt`` 1, 2, … so a relaunch re-times nothing
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import db
+
+if TYPE_CHECKING:
+    from cluster import SlotPool
+
+    from .cached import ProgramKey
 
 TIMINGS = 3  # per confirmed config: the study's timing and two re-runs
 
@@ -30,11 +36,12 @@ class ConfirmOutcome:
     first_s: float | None = None  # the fastest single first timing among the candidates
 
 
-def confirm(database: db.Database, pool: Any, key: Any, program_id: int, top: int,
+def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: int, top: int,
             reference_obj: dict, baseline_s: float | None, *, seed: int = 0,
-            timeout_s: float = 60.0, past_deadline: Any = lambda: False) -> ConfirmOutcome:
-    """Re-time the ``top`` fastest configs of the program ``key`` (``tuner.cached.ProgramKey``;
-    ``program_id`` its database row) on ``pool``'s device and make the lowest median the best
+            timeout_s: float = 60.0, past_deadline: Callable[[], bool] = lambda: False
+            ) -> ConfirmOutcome:
+    """Re-time the ``top`` fastest configs of the program ``key`` (``program_id`` its
+    database row) on ``pool``'s device and make the lowest median the best
     kernel."""
     out = ConfirmOutcome()
     if top <= 0:

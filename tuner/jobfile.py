@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -24,11 +24,17 @@ from search.lang import Program, ProgramError, load_program_file, parse_program
 from search.ops import BLOCK, COMPUTE_OPS, KERNEL, OPS
 from search.suite import builtin_names, builtin_program
 
+if TYPE_CHECKING:
+    import optuna
+
 TOP_KEYS = ("programs", "search", "tuning", "devices", "cluster", "database")
 ENTRY_KEYS = ("name", "file", "program", "set")
 # Config spaces are small sets of discrete choices, so only samplers that handle categorical
 # parameters without extra packages are offered; "grid" tries every config once.
-SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "BruteForceSampler"}
+SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "BruteForceSampler",
+            # the learned cost model's ranking (tuner/_model_sampler.py); a device without a
+            # trained model falls back to TPE, and the launch says so
+            "model": "ModelSampler"}
 _SAMPLER_HINTS = {
     "cmaes": "CMA-ES needs continuous parameters and the cmaes package",
     "gp": "the Gaussian-process sampler needs torch and scipy",
@@ -38,7 +44,7 @@ _SAMPLER_HINTS = {
 KERNEL_LEVEL_OPS = tuple(n for n in COMPUTE_OPS if KERNEL in OPS[n].levels)
 BLOCK_LEVEL_OPS = tuple(n for n in OPS if BLOCK in OPS[n].levels
                         and n not in ("input", "output", "graph_kernel"))
-DEFAULT_URL = "sqlite:///./tuner.db"  # db.engine.DEFAULT_URL, without importing db
+DEFAULT_URL = "sqlite:///./tuner.db"  # db.DEFAULT_URL, without importing db
 _DEVICE = re.compile(r"cpu|cuda|cuda:\d+")
 
 
@@ -90,13 +96,13 @@ class TuningSpec:
     sampler: str = "tpe"
     seed: int | None = None
 
-    def make_sampler(self) -> Any:
+    def make_sampler(self) -> optuna.samplers.BaseSampler:
         """A fresh Optuna sampler of the chosen kind (imported lazily: optuna is slow)."""
         import optuna
 
         with warnings.catch_warnings():  # BruteForceSampler is flagged experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            if self.sampler == "tpe":
+            if self.sampler in ("tpe", "model"):  # model: TPE where no model is trained
                 # joint model of the parameters (grid sizes and loop steps interact) after 5
                 # startup trials, the AStitch default among them: on replayed exhaustive cpu
                 # tables this reached 5% of the best in fewer trials than the default TPE
@@ -463,7 +469,7 @@ class _Parser:
                 return DatabaseSpec()
             url_node, path = m["url"][1], "database.url"
         url = self.string(url_node, path, f"write a database URL such as {DEFAULT_URL}")
-        from db.engine import normalize_url  # db is slow to import; only needed here
+        from db import normalize_url  # db is slow to import; only needed here
 
         try:
             normalize_url(url)

@@ -19,17 +19,32 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import db
+from search import KernelGraph
 from search.serialize import to_obj
+from verifier import DEFAULT_TESTS
 
-from .api import InputError
+from ._console import Progress, ms
+from .api import InputError, small_instance
 from .cached import program_key
 from .jobfile import JobSpec, ProgramEntry, load_job
 from .tune import StudyOutcome, StudyRunner, StudyTask, study_name
 
+if TYPE_CHECKING:
+    import optuna
+
+    from cluster import LocalExecutor, RayExecutor, SearchResult, SlotPool
+    from search.lang import Program
+
+    Executor = LocalExecutor | RayExecutor
+
 SHARD_KEY_LEN = 200
+# random tests per structure in the search's finite-field check (passed to it, and stored)
+VERIFY_TESTS = DEFAULT_TESTS
+# what cluster.verify_structure binds every grid / for-loop symbol to at the small instance
+VERIFY_SYMBOL = 2
 
 
 @dataclass
@@ -156,11 +171,12 @@ def _has_job(url: str, key: str) -> bool:
         return database.job(key) is not None
 
 
-class Launch:
+class JobRun:
     """One run of a job; ``run()`` returns the summary.  See the module docstring."""
 
     def __init__(self, job: JobSpec, url: str, *, address: str | None = None,
-                 log: Callable[[str], None] | None = None, progress: Any = None) -> None:
+                 log: Callable[[str], None] | None = None,
+                 progress: Progress | None = None) -> None:
         self.job, self.url = job, url
         self.address = address or job.cluster.address
         self.log = log or (lambda _msg: None)
@@ -189,7 +205,7 @@ class Launch:
             if started:
                 stop_ray()
 
-    def _pools(self) -> dict[str, Any]:
+    def _pools(self) -> dict[str, SlotPool]:
         from cluster import SlotPool
 
         pools = {}
@@ -197,14 +213,15 @@ class Launch:
             pools[device] = SlotPool("cpu" if device == "cpu" else "cuda", _slots(device))
         return pools
 
-    def _run_job(self, executor: Any, pools: dict, start: float) -> LaunchResult:
+    def _run_job(self, executor: Executor, pools: dict[str, SlotPool], start: float
+                 ) -> LaunchResult:
         database = db.connect(self.url)
         record = database.start_job(job_key(self.job), self.job.source)
         how = f"resumed, attempt {record.attempts}" if record.resumed else "new"
         self.log(f"job {record.job_key} ({how}) -> {database!r}")
         status, reports, timings = "failed", [], {}
         try:
-            storage = _storage(self.url)
+            storage = optuna_storage(database)
             for entry in self.job.programs:
                 reports += self._program(database, record.id, entry, executor, pools, storage,
                                          timings)
@@ -224,7 +241,8 @@ class Launch:
     # -- one program ----------------------------------------------------------------------
 
     def _program(self, database: db.Database, job_id: int, entry: ProgramEntry,
-                 executor: Any, pools: dict, storage: Any, timings: dict
+                 executor: Executor, pools: dict[str, SlotPool],
+                 storage: optuna.storages.RDBStorage, timings: dict[str, Any]
                  ) -> list[ProgramReport]:
         from cluster import ShardResult, search_program
         from kernels import config_space, rank_structures
@@ -249,11 +267,12 @@ class Launch:
 
         t0 = time.perf_counter()
         self.log(f"{program.name}: search ({len(done)} shards from an earlier run)")
-        result = search_program(program, self.job.search.limits(), executor=executor,
+        result = search_program(program, self.job.search.limits(), tests=VERIFY_TESTS,
+                                executor=executor,
                                 time_limit_s=self.job.search.time_limit_s, done=done,
                                 on_shard=save, on_progress=self._search_progress(program.name))
         search_s = time.perf_counter() - t0
-        stored = self._store_structures(database, pid, program.name, result, reference)
+        stored = self._store_structures(database, pid, program, result, reference)
         self.log(f"{program.name}: {len(result.verified)} verified structure(s) in "
                  f"{search_s:.1f} s; tuning the best {min(len(stored), self.job.tuning.structures)}"
                  " by the roofline estimate of each device")
@@ -264,7 +283,8 @@ class Launch:
                                 search_s=search_s, shards_reused=len(done))
             t1 = time.perf_counter()
             rep.baseline_s = self._baseline(pool, reference)
-            runner = StudyRunner(database, storage, self.job.tuning.make_sampler, pool,
+            runner = StudyRunner(database, storage, self._sampler_factory(database, pool.key),
+                                 pool,
                                  trials=self.job.tuning.trials_per_structure,
                                  seed=self.job.tuning.seed or 0, deadline=self._deadline(),
                                  timeout_s=self.job.tuning.trial_timeout_s or 60.0,
@@ -295,22 +315,22 @@ class Launch:
                                                    "tune_s": round(rep.tune_s, 3)}
             reports.append(rep)
             confirmed = f" (median of {conf.best_timings} timings; the fastest first timing " \
-                f"{_ms(conf.first_s)})" if conf.best_s is not None else ""
+                f"{ms(conf.first_s)})" if conf.best_s is not None else ""
             self.log(f"{program.name} on {pool.key}: {rep.trials} trial(s), best "
-                     f"{_ms(rep.best_s)}{confirmed} vs numpy {_ms(rep.baseline_s)}")
+                     f"{ms(rep.best_s)}{confirmed} vs numpy {ms(rep.baseline_s)}")
         return reports
 
-    def _store_structures(self, database: db.Database, pid: int, name: str, result: Any,
-                          reference: Any) -> list[tuple[int, str, Any]]:
-        """Store every verified structure and the reference program (a kernel per op,
-        trivially equivalent: all there is when the search verified nothing); return them
-        all, in the search's order, the reference last."""
+    def _store_structures(self, database: db.Database, pid: int, program: Program,
+                          result: SearchResult, reference: KernelGraph
+                          ) -> list[tuple[int, str, KernelGraph]]:
+        """Store every verified structure, with how it was verified, and the reference
+        program (a kernel per op, trivially equivalent: all there is when the search verified
+        nothing); return them all, in the search's order, the reference last."""
         from search import structural_hash
-        from verifier import DEFAULT_TESTS
 
-        verified = {"layer": "structure", "tests": DEFAULT_TESTS, "instance": "small",
-                    "symbols": 2, "arithmetic": "field", "verdict": "equivalent"}
-        ranked = [(s["hash"], result.verified[s["hash"]], s, verified)
+        instance = small_instance_shapes(program)
+        ranked = [(s["hash"], result.verified[s["hash"]], s,
+                   structure_verification(result.verified[s["hash"]], instance))
                   for s in result.structures]
         h = structural_hash(reference)
         if h not in {r[0] for r in ranked}:
@@ -329,7 +349,27 @@ class Launch:
             out.append((sid, h, graph))
         return out
 
-    def _baseline(self, pool: Any, reference: Any) -> float | None:
+    def _sampler_factory(self, database: db.Database, device_key: str) -> Callable[[], Any]:
+        """The job's sampler; for ``sampler: model``, the cost model stored for this device
+        (TPE, said in the log, where none is trained)."""
+        tuning = self.job.tuning
+        if tuning.sampler != "model":
+            return tuning.make_sampler
+        from costmodel import model_for
+
+        from ._model_sampler import ModelSampler
+
+        found = model_for(database, device_key)
+        if found is None:
+            self.log(f"sampler model: no trained cost model for {device_key} in the database "
+                     "(`tuner model train`); tuning with TPE instead")
+            return tuning.make_sampler
+        model, record = found
+        self.log(f"sampler model: cost model {record.id} ({record.kind}, trained on "
+                 f"{record.trained_on.get('rows', '?')} measurements) ranks each space")
+        return lambda: ModelSampler(model, seed=tuning.seed or 0)
+
+    def _baseline(self, pool: SlotPool, reference: KernelGraph) -> float | None:
         pool.submit("baseline", {"reference": to_obj(reference), "tag": "baseline"})
         return pool.next_done().get("baseline_s")
 
@@ -357,8 +397,26 @@ class Launch:
     def _trial_progress(self, name: str) -> Callable[[StudyTask, dict], None]:
         def report(task: StudyTask, res: dict) -> None:
             if self.progress is not None:
-                self.progress.trial(name, task, res)
+                self.progress.trial(name, task.structure_hash, res)
         return report
+
+
+def small_instance_shapes(program: Program) -> dict[str, list[int]]:
+    """The input shapes the search verifies ``program``'s structures at (its small
+    instance: every dim capped, see ``search.suite.small_instance``)."""
+    return {name: [int(d) for d in shape]
+            for name, shape in small_instance(program).inputs.items()}
+
+
+def structure_verification(structure: KernelGraph, instance: dict[str, list[int]],
+                           tests: int = VERIFY_TESTS) -> dict[str, Any]:
+    """How the search verified ``structure`` (stored with it): ``tests`` random tests in the
+    finite field at the small ``instance`` with every grid / for-loop symbol bound to
+    ``VERIFY_SYMBOL`` (``cluster.verify_structure``'s rule; ``SearchResult`` does not carry
+    the binding, so it is derived here from the structure's symbols)."""
+    return {"layer": "structure", "arithmetic": "field", "verdict": "equivalent",
+            "tests": tests, "instance": instance,
+            "symbols": {s: VERIFY_SYMBOL for s in sorted(structure.symbols())}}
 
 
 def _slots(device: str) -> int:
@@ -379,23 +437,25 @@ def _shard_key(prefix: str, shard_id: str) -> str:
     return key
 
 
-def _storage(url: str) -> Any:
-    """Optuna's RDB storage on the tuner database itself (optuna-dashboard reads it)."""
+def optuna_storage(database: db.Database) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage on the tuner database itself (optuna-dashboard reads it).
+
+    Optuna creates its tables and stamps its version on first use, in steps that two launches
+    started at once on a fresh database trip over ("table studies already exists"); under the
+    database's schema lock they take turns."""
     import optuna
 
+    url = database.url
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+    with database.schema_lock():
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
 
 
 def launch(path: str | Path, *, db_url: str | None = None, address: str | None = None,
            resume: bool = False, log: Callable[[str], None] | None = None,
-           progress: Any = None) -> LaunchResult:
+           progress: Progress | None = None) -> LaunchResult:
     """Run the job file at ``path`` (see the module docstring); the Python face of
     ``tuner launch``."""
     job, url = prepare(path, db_url, resume, address)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    return Launch(job, url, address=address, log=log, progress=progress).run()
+    return JobRun(job, url, address=address, log=log, progress=progress).run()

@@ -15,6 +15,8 @@ from datetime import datetime
 
 import db
 
+from ._console import ms
+
 
 @dataclass
 class ProgramStatus:
@@ -60,10 +62,6 @@ def _when(t: datetime | None) -> str:
     return "-" if t is None else f"{t:%Y-%m-%d %H:%M:%S}"
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
-
-
 def format_status(st: Status) -> str:
     """Two tables: jobs, newest first, then programs with each device's best kernel."""
     rows = [("job", "status", "attempts", "started (UTC)", "finished (UTC)", "file")]
@@ -81,7 +79,7 @@ def format_status(st: Status) -> str:
             head = (s.name, shapes, str(s.structures), str(s.configs), str(s.timings),
                     str(s.failed)) if i == 0 else ("",) * 6
             rows.append((*head, "-" if b is None else b.device_key.split(":")[0],
-                         _ms(b and b.time_s), _ms(b and b.baseline_s),
+                         ms(b and b.time_s, unit=""), ms(b and b.baseline_s, unit=""),
                          f"{b.speedup:.2f}x" if b and b.speedup else "-",
                          _when(s.last_measured_at) if i == 0 else ""))
     if st.programs:

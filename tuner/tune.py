@@ -24,12 +24,16 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import db
 from cluster import MeasurementPool, TrialRequest, TrialResult
-from kernels import ConfigSpace, estimate
+from kernels import ConfigSpace, DeviceSpec, estimate
 from search import KernelGraph
+
+if TYPE_CHECKING:
+    import optuna
 
 MEASURED = db.MEASUREMENT_STATUSES
 # configs a study measures before its roofline rule may skip any: calibrated by one timing
@@ -50,7 +54,7 @@ class StudyTask:
     reference_obj: dict
     space: ConfigSpace
     device_key: str
-    spec: Any  # the device's kernels.DeviceSpec (for the roofline)
+    spec: DeviceSpec  # the device's (for the roofline)
     study_name: str
     baseline_s: float | None = None
 
@@ -67,7 +71,7 @@ class StudyOutcome:
     invalid: int = 0
 
 
-def _optuna() -> Any:
+def _optuna() -> ModuleType:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -105,7 +109,8 @@ class Codec:
     def __init__(self, params: dict[str, tuple[int, ...]], ordinal: bool = True) -> None:
         self.params, self.ordinal = params, ordinal
 
-    def distributions(self, optuna: Any) -> dict[str, Any]:
+    def distributions(self, optuna: ModuleType
+                      ) -> dict[str, optuna.distributions.BaseDistribution]:
         d = optuna.distributions
         if self.ordinal:
             return {n: d.IntDistribution(0, len(c) - 1) for n, c in self.params.items()}
@@ -126,8 +131,8 @@ class StudyRunner:
     """Runs studies on one device's slot pool against one database."""
 
     def __init__(self, database: db.Database, storage: Any, make_sampler: Callable[[], Any],
-                 pool: MeasurementPool, *, trials: int, seed: int = 0, deadline: float | None = None,
-                 timing: dict | None = None, timeout_s: float = 60.0,
+                 pool: MeasurementPool, *, trials: int, seed: int = 0,
+                 deadline: float | None = None, timing: dict | None = None, timeout_s: float = 60.0,
                  on_trial: Callable[[StudyTask, TrialResult], None] | None = None,
                  ordinal: bool = True) -> None:
         self.db, self.storage, self.make_sampler, self.pool = database, storage, make_sampler, pool
@@ -143,9 +148,11 @@ class StudyRunner:
         optuna = _optuna()
         codec = Codec(task.space.params, self.ordinal)
         dists = codec.distributions(optuna)
+        sampler = self.make_sampler()
+        if hasattr(sampler, "bind"):  # the cost model's sampler ranks this study's space
+            sampler.bind(task, codec, dists)
         study = optuna.create_study(study_name=task.study_name, storage=self.storage,
-                                    sampler=self.make_sampler(), direction="minimize",
-                                    load_if_exists=True)
+                                    sampler=sampler, direction="minimize", load_if_exists=True)
         study.set_user_attr("device_key", task.device_key)
         study.set_user_attr("structure_hash", task.structure_hash)
         known = self._known(task, program_hash)
@@ -162,7 +169,7 @@ class StudyRunner:
         if study.user_attrs.get("finished_for_trials", 0) >= self.trials:
             return out  # an earlier run completed this study: nothing to ask
         space_size = task.space.size
-        inflight: dict[int, tuple[Any, dict, str]] = {}
+        inflight: dict[int, tuple[optuna.Trial, dict[str, int], str]] = {}
         asks = 0
         max_asks = 4 * self.trials + 20  # duplicates and skips do not measure; bound them
         while True:
@@ -184,8 +191,9 @@ class StudyRunner:
 
     # -- one proposal ---------------------------------------------------------------------
 
-    def _propose(self, task: StudyTask, study: Any, trial: Any, config: dict, known: dict,
-                 inflight: dict, out: StudyOutcome, optuna: Any) -> None:
+    def _propose(self, task: StudyTask, study: optuna.Study, trial: optuna.Trial,
+                 config: dict[str, int], known: dict, inflight: dict, out: StudyOutcome,
+                 optuna: ModuleType) -> None:
         chash = db.config_hash(config)
         if chash in known:  # measured before: answer from the database
             status, median = known[chash]
@@ -273,7 +281,8 @@ class StudyRunner:
                 out[db.config_hash(h.config)] = (h.status, h.median_s)
         return out
 
-    def _recover(self, study: Any, known: dict, optuna: Any, codec: Codec) -> None:
+    def _recover(self, study: optuna.Study, known: dict, optuna: ModuleType, codec: Codec
+                 ) -> None:
         """Close trials a killed launch left RUNNING: told from the database when their
         measurement was stored, else failed and their config enqueued again."""
         for t in study.get_trials(deepcopy=False,

@@ -4,7 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2025-11-22
 
-Written out in full (not imported from db.models) so that this revision stays what it was when
+Written out in full (not imported from db._models) so that this revision stays what it was when
 later revisions change the models. Constraint names are final (``op.f``), matching what the
 models' naming convention produces.
 """

@@ -62,7 +62,7 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-class Program(Base):
+class ProgramRow(Base):
     """A reference program at given shapes and dtype (the unit a best kernel answers for)."""
 
     __tablename__ = "tuner_programs"
@@ -77,7 +77,7 @@ class Program(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class Job(Base):
+class JobRow(Base):
     """One job file run against this database; ``job_key`` identifies it across relaunches."""
 
     __tablename__ = "tuner_jobs"
@@ -96,7 +96,7 @@ class Job(Base):
     timings_json: Mapped[str | None] = mapped_column(Text)
 
 
-class SearchShard(Base):
+class SearchShardRow(Base):
     """Progress of one search shard of a job, so that a resumed job skips finished shards."""
 
     __tablename__ = "tuner_search_shards"
@@ -113,7 +113,7 @@ class SearchShard(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class Structure(Base):
+class StructureRow(Base):
     """A verified µGraph structure (symbolic tiling) found for a program."""
 
     __tablename__ = "tuner_structures"
@@ -129,7 +129,7 @@ class Structure(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class Trial(Base):
+class TrialRow(Base):
     """A config (binding of a structure's symbols) to be measured on one device key."""
 
     __tablename__ = "tuner_trials"
@@ -145,7 +145,7 @@ class Trial(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class Measurement(Base):
+class MeasurementRow(Base):
     """One timed run of a trial; ``attempt`` separates deliberate re-measurements from retries."""
 
     __tablename__ = "tuner_measurements"
@@ -169,7 +169,7 @@ class Measurement(Base):
     measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class BestKernel(Base):
+class BestKernelRow(Base):
     """The fastest passing kernel per program × shapes × dtype × device key."""
 
     __tablename__ = "tuner_best_kernels"

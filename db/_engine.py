@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
-from db.records import DatabaseError, MissingDriverError
+from db._records import DatabaseError, MissingDriverError
 
 DEFAULT_URL = "sqlite:///./tuner.db"
 BUSY_TIMEOUT_MS = 30_000

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from db.models import SHAPES_LEN
+from db._models import SHAPES_LEN
 
 
 class DatabaseError(Exception):

@@ -12,7 +12,7 @@ import math
 import socket
 import statistics
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, func, select
@@ -21,26 +21,26 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import migrate
-from db.engine import read_once_engine, write_engine
-from db.models import (
+from db import _migrate
+from db._engine import read_once_engine, write_engine
+from db._models import (
     DTYPE_LEN,
     HASH_LEN,
     JOB_STATUSES,
     KEY_LEN,
     MEASUREMENT_STATUSES,
     SHARD_STATUSES,
-    BestKernel,
-    Job,
-    Measurement,
-    Program,
-    SearchShard,
-    Structure,
-    Trial,
+    BestKernelRow,
+    JobRow,
+    MeasurementRow,
+    ProgramRow,
+    SearchShardRow,
+    StructureRow,
+    TrialRow,
     utcnow,
 )
-from db.queries import Reads
-from db.records import (
+from db._queries import Reads
+from db._records import (
     JobRecord,
     check_choice,
     check_key,
@@ -93,11 +93,26 @@ class Database(Reads):
 
     def upgrade(self, revision: str = "head") -> str | None:
         """Run the packaged migrations up to ``revision``; returns the revision now current."""
-        migrate.upgrade_engine(self.engine, revision)
+        _migrate.upgrade_engine(self.engine, revision)
+        return self.current_revision()
+
+    def downgrade(self, revision: str) -> str | None:
+        """Take the tuner tables back to ``revision`` ("base" drops them all)."""
+        _migrate.downgrade_engine(self.engine, revision)
         return self.current_revision()
 
     def current_revision(self) -> str | None:
-        return migrate.current_revision(self.engine)
+        return _migrate.current_revision(self.engine)
+
+    def schema_diff(self) -> list:
+        """Differences between the models and this database's tuner tables ([]: in step)."""
+        return _migrate.schema_diff(self.engine)
+
+    def schema_lock(self) -> AbstractContextManager[None]:
+        """A lock, across processes, to hold while another library sharing this database
+        (Optuna's storage) creates its tables: two launches at once on a fresh database
+        would otherwise both try to create them."""
+        return _migrate.schema_lock(self.engine)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -130,7 +145,8 @@ class Database(Reads):
             "created_at": utcnow(),
         }
         with self.session() as s:
-            return self._insert_id(s, Program, values, ("program_hash", "shapes_key", "dtype"))[0]
+            keys = ("program_hash", "shapes_key", "dtype")
+            return self._insert_id(s, ProgramRow, values, keys)[0]
 
     def start_job(self, job_key: str, job_path: str) -> JobRecord:
         """Register a job run; the same ``job_key`` again resumes that job (``resumed=True``)."""
@@ -142,8 +158,8 @@ class Database(Reads):
             "started_at": utcnow(),
         }
         with self.session() as s:
-            job_id, inserted = self._insert_id(s, Job, values, ("job_key",))
-            job = s.get_one(Job, job_id)
+            job_id, inserted = self._insert_id(s, JobRow, values, ("job_key",))
+            job = s.get_one(JobRow, job_id)
             if not inserted:
                 job.status, job.finished_at, job.job_path = "running", None, values["job_path"]
                 job.attempts += 1
@@ -156,7 +172,7 @@ class Database(Reads):
         """Close a job run as finished, failed or interrupted, with its phase timings."""
         check_choice(status, "job status", JOB_STATUSES[1:])
         with self.session() as s:
-            job = s.get(Job, job_id)
+            job = s.get(JobRow, job_id)
             if job is None:
                 raise ValueError(f"no job with id {job_id} in {self!r}")
             job.status, job.finished_at = status, utcnow()
@@ -177,14 +193,14 @@ class Database(Reads):
             "stats_json": None if stats is None else json_text(stats, "stats"),
             "updated_at": utcnow(),
         }
-        stmt = self._insert(SearchShard).values(**values)
+        stmt = self._insert(SearchShardRow).values(**values)
         stmt = stmt.on_conflict_do_update(
             index_elements=["job_id", "shard_key"],
             set_={k: stmt.excluded[k] for k in ("status", "stats_json", "updated_at")},
-            where=SearchShard.status != "finished",
+            where=SearchShardRow.status != "finished",
         )
         with self.session() as s:
-            _execute(s, stmt, SearchShard)
+            _execute(s, stmt, SearchShardRow)
 
     def record_structure(
         self,
@@ -210,7 +226,7 @@ class Database(Reads):
             "created_at": utcnow(),
         }
         with self.session() as s:
-            return self._insert_id(s, Structure, values, ("program_id", "structure_hash"))[0]
+            return self._insert_id(s, StructureRow, values, ("program_id", "structure_hash"))[0]
 
     def record_trial(
         self,
@@ -232,7 +248,7 @@ class Database(Reads):
         }
         with self.session() as s:
             keys = ("structure_id", "device_key", "config_hash")
-            return self._insert_id(s, Trial, values, keys)[0]
+            return self._insert_id(s, TrialRow, values, keys)[0]
 
     def record_measurement(
         self,
@@ -266,7 +282,7 @@ class Database(Reads):
             max_error = math.inf if math.isnan(float(max_error)) else float(max_error)
         with self.session() as s:
             trial_device = s.execute(
-                select(Trial.device_key).where(Trial.id == trial_id)
+                select(TrialRow.device_key).where(TrialRow.id == trial_id)
             ).scalar_one_or_none()
             if trial_device is None:
                 raise ValueError(f"no trial with id {trial_id}: record the trial first")
@@ -289,7 +305,7 @@ class Database(Reads):
                 "measured_at": utcnow(),
             }
             keys = ("trial_id", "device_key", "attempt")
-            return self._insert_id(s, Measurement, values, keys)[0]
+            return self._insert_id(s, MeasurementRow, values, keys)[0]
 
     def update_best(
         self, measurement_id: int, source: str, baseline_s: float | None = None
@@ -303,11 +319,11 @@ class Database(Reads):
         baseline = _best_args(source, baseline_s)
         with self.session() as s:
             row = s.execute(
-                _with_keys().where(Measurement.id == measurement_id)
+                _with_keys().where(MeasurementRow.id == measurement_id)
             ).first()
             if row is None:
                 raise ValueError(f"no measurement with id {measurement_id}")
-            m, program = row.Measurement, row.Program
+            m, program = row.MeasurementRow, row.ProgramRow
             if m.status != "ok":
                 return False
             values = _best_row(m, row.structure_id, program, source, m.median_s, baseline)
@@ -324,15 +340,15 @@ class Database(Reads):
         baseline = _best_args(source, baseline_s)
         with self.session() as s:
             rows = s.execute(
-                _with_keys().where(Measurement.trial_id == trial_id)
-                .order_by(Measurement.attempt)
+                _with_keys().where(MeasurementRow.trial_id == trial_id)
+                .order_by(MeasurementRow.attempt)
             ).all()
             if not rows:
                 raise ValueError(f"no measurements of trial {trial_id}")
-            if any(r.Measurement.status != "ok" for r in rows):
+            if any(r.MeasurementRow.status != "ok" for r in rows):
                 return None
-            confirmed = statistics.median(r.Measurement.median_s for r in rows)
-            last, program = rows[-1].Measurement, rows[-1].Program
+            confirmed = statistics.median(r.MeasurementRow.median_s for r in rows)
+            last, program = rows[-1].MeasurementRow, rows[-1].ProgramRow
             values = _best_row(last, rows[-1].structure_id, program, source, confirmed,
                                baseline)
             self._upsert_best(s, values, only_faster=False)
@@ -341,7 +357,7 @@ class Database(Reads):
     def _upsert_best(self, s: Session, values: dict, only_faster: bool) -> bool:
         """Insert or replace the best row of ``values``' key (atomically); with
         ``only_faster`` only a strictly faster time replaces.  Returns whether it changed."""
-        stmt = self._insert(BestKernel).values(**values)
+        stmt = self._insert(BestKernelRow).values(**values)
         new = stmt.excluded
         stmt = stmt.on_conflict_do_update(
             index_elements=["program_hash", "shapes_key", "dtype", "device_key"],
@@ -351,21 +367,21 @@ class Database(Reads):
                 "measurement_id": new.measurement_id,
                 "source": new.source,
                 "time_s": new.time_s,
-                "baseline_s": func.coalesce(new.baseline_s, BestKernel.baseline_s),
+                "baseline_s": func.coalesce(new.baseline_s, BestKernelRow.baseline_s),
                 "updated_at": new.updated_at,
             },
-            where=(BestKernel.time_s > new.time_s) if only_faster else None,
-        ).returning(BestKernel.id)
+            where=(BestKernelRow.time_s > new.time_s) if only_faster else None,
+        ).returning(BestKernelRow.id)
         return s.execute(stmt).scalar_one_or_none() is not None
 
 
 def _with_keys() -> Any:
     """Measurements with the trial's structure and the program they were of."""
     return (
-        select(Measurement, Trial.structure_id, Program)
-        .join(Trial, Trial.id == Measurement.trial_id)
-        .join(Structure, Structure.id == Trial.structure_id)
-        .join(Program, Program.id == Structure.program_id)
+        select(MeasurementRow, TrialRow.structure_id, ProgramRow)
+        .join(TrialRow, TrialRow.id == MeasurementRow.trial_id)
+        .join(StructureRow, StructureRow.id == TrialRow.structure_id)
+        .join(ProgramRow, ProgramRow.id == StructureRow.program_id)
     )
 
 
@@ -375,7 +391,7 @@ def _best_args(source: Any, baseline_s: float | None) -> float | None:
     return check_time(baseline_s, "baseline_s")
 
 
-def _best_row(m: Measurement, structure_id: int, program: Program, source: str,
+def _best_row(m: MeasurementRow, structure_id: int, program: ProgramRow, source: str,
               time_s: float, baseline_s: float | None) -> dict:
     """A best-kernel row: keys from the measurement's program, trial and device."""
     return dict(
@@ -404,7 +420,7 @@ def _execute(s: Session, stmt: Any, model: type) -> Any:
         ) from exc
 
 
-def _job_record(job: Job, resumed: bool) -> JobRecord:
+def _job_record(job: JobRow, resumed: bool) -> JobRecord:
     return JobRecord(
         id=job.id,
         job_key=job.job_key,

@@ -4,10 +4,26 @@ The migrations live inside the package (``db/migrations``) so that an installed 
 upgrade any database it meets, without an alembic.ini. A new database is brought to the head
 revision by running every migration from empty: the same path an old database takes, so the
 two can never disagree.
+
+Our migrations serialize themselves (``BEGIN IMMEDIATE`` on SQLite, a transaction-level
+advisory lock on PostgreSQL).  Optuna's storage, which shares the database, does not: it looks
+for its tables, creates the missing ones and stamps its version rows in separate steps, so two
+``tuner launch`` started at once on a fresh database failed with "table studies already exists"
+or a UNIQUE violation on its ``alembic_version``.  ``schema_lock`` makes such set-ups take
+turns: an ``flock`` on the SQLite database file (independent of SQLite's own POSIX locks) or a
+session-level PostgreSQL advisory lock on a connection of its own.  Both end with the process
+that holds them, however it ends.
 """
 
 from __future__ import annotations
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -18,13 +34,15 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, inspect
 
-from db.engine import write_engine
-from db.models import PREFIX, VERSION_TABLE, Base
-from db.records import SchemaError
+from db._engine import sqlite_file, write_engine
+from db._models import PREFIX, VERSION_TABLE, Base
+from db._records import SchemaError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Arbitrary constant naming the PostgreSQL advisory lock that serializes concurrent upgrades.
 _PG_LOCK_ID = 7_362_514_001
+# ... and the session-level one that ``schema_lock`` holds while others create their tables.
+_PG_SCHEMA_LOCK_ID = 7_362_514_002
 
 
 def include_object(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]
@@ -117,3 +135,27 @@ def upgrade_engine(engine: Engine, revision: str = "head") -> None:
 def downgrade_engine(engine: Engine, revision: str) -> None:
     """Take the tuner tables back to ``revision`` ("base" drops them all)."""
     _run(engine, "downgrade", revision)
+
+
+@contextmanager
+def schema_lock(engine: Engine) -> Iterator[None]:
+    """Hold a lock, across processes, while another library sharing the database sets up its
+    tables (see the module docstring); a no-op for an in-memory SQLite database."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.exec_driver_sql(f"SELECT pg_advisory_lock({_PG_SCHEMA_LOCK_ID})")
+            try:
+                yield
+            finally:
+                connection.exec_driver_sql(f"SELECT pg_advisory_unlock({_PG_SCHEMA_LOCK_ID})")
+        return
+    path = sqlite_file(engine.url)
+    if path is None or fcntl is None:  # in memory: one process's; no flock on Windows
+        yield
+        return
+    with open(path, "ab") as handle:  # the database file itself (created empty if missing)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

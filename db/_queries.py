@@ -11,9 +11,17 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, case, func, select
 
-from db.models import BestKernel, Job, Measurement, Program, SearchShard, Structure, Trial
-from db.records import BestKernel as BestKernelRecord
-from db.records import (
+from db._models import (
+    BestKernelRow,
+    JobRow,
+    MeasurementRow,
+    ProgramRow,
+    SearchShardRow,
+    StructureRow,
+    TrialRow,
+)
+from db._records import (
+    BestKernel,
     HistoryEntry,
     JobRecord,
     MeasurementRecord,
@@ -24,7 +32,7 @@ from db.records import (
     utc,
 )
 
-_B, _S, _T = BestKernel.__table__.c, Structure.__table__.c, Trial.__table__.c
+_B, _S, _T = BestKernelRow.__table__.c, StructureRow.__table__.c, TrialRow.__table__.c
 
 # Built once with bind parameters and plain table columns: reusing one statement object skips
 # SQLAlchemy's per-call construction and result-metadata adaptation, which dominated the lookup.
@@ -45,9 +53,9 @@ _BEST_BY_KEY = (
         _B.baseline_s,
         _B.updated_at,
     )
-    .select_from(BestKernel.__table__)
-    .join(Structure.__table__, _S.id == _B.structure_id)
-    .join(Trial.__table__, _T.id == _B.trial_id)
+    .select_from(BestKernelRow.__table__)
+    .join(StructureRow.__table__, _S.id == _B.structure_id)
+    .join(TrialRow.__table__, _T.id == _B.trial_id)
     .where(
         _B.program_hash == bindparam("program_hash"),
         _B.shapes_key == bindparam("shapes_key"),
@@ -59,8 +67,8 @@ _BEST_ALL_DEVICES = _BEST_BY_KEY.order_by(_B.time_s, _B.id)
 _BEST_ANY_DEVICE = _BEST_ALL_DEVICES.limit(1)
 
 
-def _best_record(row: Any) -> BestKernelRecord:
-    return BestKernelRecord(
+def _best_record(row: Any) -> BestKernel:
+    return BestKernel(
         program_hash=row.program_hash,
         shapes_key=row.shapes_key,
         dtype=row.dtype,
@@ -80,7 +88,7 @@ def _best_record(row: Any) -> BestKernelRecord:
 
 def fetch_best_kernel(
     conn: Connection, program_hash: str, shapes: Any, dtype: str, device_key: str | None
-) -> BestKernelRecord | None:
+) -> BestKernel | None:
     params = {"program_hash": program_hash, "shapes_key": shapes_key(shapes), "dtype": dtype}
     if device_key is None:
         row = conn.execute(_BEST_ANY_DEVICE, params).first()
@@ -91,24 +99,24 @@ def fetch_best_kernel(
 
 def fetch_best_kernels(
     conn: Connection, program_hash: str, shapes: Any, dtype: str
-) -> list[BestKernelRecord]:
+) -> list[BestKernel]:
     params = {"program_hash": program_hash, "shapes_key": shapes_key(shapes), "dtype": dtype}
     return [_best_record(row) for row in conn.execute(_BEST_ALL_DEVICES, params)]
 
 
 def fetch_program_id(conn: Connection, program_hash: str, shapes: Any, dtype: str) -> int | None:
     return conn.execute(
-        select(Program.id).where(
-            Program.program_hash == program_hash,
-            Program.shapes_key == shapes_key(shapes),
-            Program.dtype == dtype,
+        select(ProgramRow.id).where(
+            ProgramRow.program_hash == program_hash,
+            ProgramRow.shapes_key == shapes_key(shapes),
+            ProgramRow.dtype == dtype,
         )
     ).scalar_one_or_none()
 
 
 def fetch_structures(conn: Connection, program_id: int) -> list[StructureRecord]:
     rows = conn.execute(
-        select(Structure).where(Structure.program_id == program_id).order_by(Structure.id)
+        select(StructureRow).where(StructureRow.program_id == program_id).order_by(StructureRow.id)
     ).all()
     return [
         StructureRecord(
@@ -127,9 +135,9 @@ def fetch_structures(conn: Connection, program_id: int) -> list[StructureRecord]
 
 def fetch_measurements(conn: Connection, trial_id: int) -> list[MeasurementRecord]:
     rows = conn.execute(
-        select(Measurement)
-        .where(Measurement.trial_id == trial_id)
-        .order_by(Measurement.device_key, Measurement.attempt)
+        select(MeasurementRow)
+        .where(MeasurementRow.trial_id == trial_id)
+        .order_by(MeasurementRow.device_key, MeasurementRow.attempt)
     ).all()
     return [
         MeasurementRecord(
@@ -161,29 +169,29 @@ def fetch_history(
 ) -> list[HistoryEntry]:
     stmt = (
         select(
-            Measurement.__table__,
-            Structure.id.label("structure_id"),
-            Structure.structure_hash,
-            Program.shapes_key,
-            Program.dtype,
-            Trial.config_json,
-            Trial.study_name,
-            Trial.trial_number,
+            MeasurementRow.__table__,
+            StructureRow.id.label("structure_id"),
+            StructureRow.structure_hash,
+            ProgramRow.shapes_key,
+            ProgramRow.dtype,
+            TrialRow.config_json,
+            TrialRow.study_name,
+            TrialRow.trial_number,
         )
-        .join(Trial, Trial.id == Measurement.trial_id)
-        .join(Structure, Structure.id == Trial.structure_id)
-        .join(Program, Program.id == Structure.program_id)
-        .where(Program.program_hash == program_hash)
-        .order_by(Measurement.measured_at, Measurement.id)
+        .join(TrialRow, TrialRow.id == MeasurementRow.trial_id)
+        .join(StructureRow, StructureRow.id == TrialRow.structure_id)
+        .join(ProgramRow, ProgramRow.id == StructureRow.program_id)
+        .where(ProgramRow.program_hash == program_hash)
+        .order_by(MeasurementRow.measured_at, MeasurementRow.id)
     )
     if shapes is not None:
-        stmt = stmt.where(Program.shapes_key == shapes_key(shapes))
+        stmt = stmt.where(ProgramRow.shapes_key == shapes_key(shapes))
     if dtype is not None:
-        stmt = stmt.where(Program.dtype == dtype)
+        stmt = stmt.where(ProgramRow.dtype == dtype)
     if device_key is not None:
-        stmt = stmt.where(Measurement.device_key == device_key)
+        stmt = stmt.where(MeasurementRow.device_key == device_key)
     if status is not None:
-        stmt = stmt.where(Measurement.status == status)
+        stmt = stmt.where(MeasurementRow.status == status)
     if limit is not None:
         stmt = stmt.limit(limit)
     out = []
@@ -216,7 +224,8 @@ def fetch_history(
 
 def count_rows(conn: Connection) -> dict[str, int]:
     """Rows per tuner table (used by the summary and by duplicate-row checks)."""
-    tables = (Program, Job, SearchShard, Structure, Trial, Measurement, BestKernel)
+    tables = (ProgramRow, JobRow, SearchShardRow, StructureRow, TrialRow, MeasurementRow,
+              BestKernelRow)
     return {
         t.__tablename__: conn.execute(select(func.count()).select_from(t)).scalar_one()
         for t in tables
@@ -227,7 +236,7 @@ class Reads:
     """The read methods of ``Database`` (kept here, next to their queries)."""
 
     engine: Engine
-    _lookup: Engine  # the same pool, for single-statement reads (see db.engine)
+    _lookup: Engine  # the same pool, for single-statement reads (see db._engine)
 
     def program_id(self, program_hash: str, shapes: Any, dtype: str) -> int | None:
         with self._lookup.connect() as conn:
@@ -236,8 +245,8 @@ class Reads:
     def shard_done(self, job_id: int, shard_key: str) -> bool:
         with self._lookup.connect() as conn:
             status = conn.execute(
-                select(SearchShard.status).where(
-                    SearchShard.job_id == job_id, SearchShard.shard_key == shard_key
+                select(SearchShardRow.status).where(
+                    SearchShardRow.job_id == job_id, SearchShardRow.shard_key == shard_key
                 )
             ).scalar_one_or_none()
         return status == "finished"
@@ -245,8 +254,8 @@ class Reads:
     def finished_shards(self, job_id: int) -> set[str]:
         with self._lookup.connect() as conn:
             rows = conn.execute(
-                select(SearchShard.shard_key).where(
-                    SearchShard.job_id == job_id, SearchShard.status == "finished"
+                select(SearchShardRow.shard_key).where(
+                    SearchShardRow.job_id == job_id, SearchShardRow.status == "finished"
                 )
             )
             return set(rows.scalars())
@@ -254,7 +263,7 @@ class Reads:
     def job(self, job_key: str) -> JobRecord | None:
         """The job registered under ``job_key`` (None: never launched against this database)."""
         with self._lookup.connect() as conn:
-            row = conn.execute(select(Job.__table__).where(Job.job_key == job_key)).first()
+            row = conn.execute(select(JobRow.__table__).where(JobRow.job_key == job_key)).first()
         if row is None:
             return None
         return JobRecord(id=row.id, job_key=row.job_key, job_path=row.job_path,
@@ -265,8 +274,8 @@ class Reads:
     def jobs(self) -> list[JobRecord]:
         """Every job launched against this database, the most recently started first."""
         with self._lookup.connect() as conn:
-            rows = conn.execute(select(Job.__table__).order_by(Job.started_at.desc(),
-                                                               Job.id.desc())).all()
+            rows = conn.execute(select(JobRow.__table__).order_by(JobRow.started_at.desc(),
+                                                               JobRow.id.desc())).all()
         return [JobRecord(id=r.id, job_key=r.job_key, job_path=r.job_path, status=r.status,
                           attempts=r.attempts, started_at=utc(r.started_at),
                           finished_at=utc(r.finished_at), timings=loads(r.timings_json),
@@ -275,23 +284,24 @@ class Reads:
     def programs(self) -> list[ProgramSummary]:
         """Per program × shapes × dtype: structures, configs and timings stored, in order of
         the program's first record."""
-        structures = (select(Structure.program_id, func.count().label("n"))
-                      .group_by(Structure.program_id).subquery())
-        measured = (select(Structure.program_id,
-                           func.count(func.distinct(Trial.id)).label("configs"),
-                           func.count(Measurement.id).label("timings"),
-                           func.sum(case((Measurement.status != "ok", 1), else_=0))
+        structures = (select(StructureRow.program_id, func.count().label("n"))
+                      .group_by(StructureRow.program_id).subquery())
+        measured = (select(StructureRow.program_id,
+                           func.count(func.distinct(TrialRow.id)).label("configs"),
+                           func.count(MeasurementRow.id).label("timings"),
+                           func.sum(case((MeasurementRow.status != "ok", 1), else_=0))
                            .label("failed"),
-                           func.max(Measurement.measured_at).label("last"))
-                    .join(Trial, Trial.structure_id == Structure.id)
-                    .join(Measurement, Measurement.trial_id == Trial.id)
-                    .group_by(Structure.program_id).subquery())
-        stmt = (select(Program.id, Program.name, Program.program_hash, Program.shapes_key,
-                       Program.dtype, structures.c.n, measured.c.configs, measured.c.timings,
-                       measured.c.failed, measured.c.last)
-                .outerjoin(structures, structures.c.program_id == Program.id)
-                .outerjoin(measured, measured.c.program_id == Program.id)
-                .order_by(Program.id))
+                           func.max(MeasurementRow.measured_at).label("last"))
+                    .join(TrialRow, TrialRow.structure_id == StructureRow.id)
+                    .join(MeasurementRow, MeasurementRow.trial_id == TrialRow.id)
+                    .group_by(StructureRow.program_id).subquery())
+        stmt = (select(ProgramRow.id, ProgramRow.name, ProgramRow.program_hash,
+                       ProgramRow.shapes_key, ProgramRow.dtype, structures.c.n,
+                       measured.c.configs, measured.c.timings, measured.c.failed,
+                       measured.c.last)
+                .outerjoin(structures, structures.c.program_id == ProgramRow.id)
+                .outerjoin(measured, measured.c.program_id == ProgramRow.id)
+                .order_by(ProgramRow.id))
         with self._lookup.connect() as conn:
             rows = conn.execute(stmt).all()
         return [ProgramSummary(r[0], r[1], r[2], r[3], r[4], int(r[5] or 0), int(r[6] or 0),
@@ -301,22 +311,22 @@ class Reads:
         """Stats of the job's finished shards whose key starts with ``prefix``, by key."""
         with self._lookup.connect() as conn:
             rows = conn.execute(
-                select(SearchShard.shard_key, SearchShard.stats_json).where(
-                    SearchShard.job_id == job_id,
-                    SearchShard.status == "finished",
-                    SearchShard.shard_key.startswith(prefix, autoescape=True),
+                select(SearchShardRow.shard_key, SearchShardRow.stats_json).where(
+                    SearchShardRow.job_id == job_id,
+                    SearchShardRow.status == "finished",
+                    SearchShardRow.shard_key.startswith(prefix, autoescape=True),
                 )
             )
             return {key: loads(stats) for key, stats in rows}
 
     def best_kernel(
         self, program_hash: str, shapes: Any, dtype: str, device_key: str | None = None
-    ) -> BestKernelRecord | None:
+    ) -> BestKernel | None:
         """The best kernel on ``device_key``; with None, the fastest over all devices."""
         with self._lookup.connect() as conn:
             return fetch_best_kernel(conn, program_hash, shapes, dtype, device_key)
 
-    def best_kernels(self, program_hash: str, shapes: Any, dtype: str) -> list[BestKernelRecord]:
+    def best_kernels(self, program_hash: str, shapes: Any, dtype: str) -> list[BestKernel]:
         """The best kernel of every device key, fastest first."""
         with self._lookup.connect() as conn:
             return fetch_best_kernels(conn, program_hash, shapes, dtype)

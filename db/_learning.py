@@ -1,0 +1,216 @@
+"""What the learned cost model reads from and writes to the database.
+
+- ``training_rows``: every ``ok`` measurement with its structure, config and device — the
+  examples a model trains on (failed ones have no time to learn; docs/costmodel.md);
+- ``record_measured_space``: a whole measured space at once (a Kernel Tuner cache: one
+  program, one structure, one trial and measurement per configuration), in one transaction and
+  idempotent (a configuration already there is left alone), so 20k rows take seconds;
+- ``tuner_models``: trained models (weights, feature version, the measurements they were
+  trained on, their metrics), so a launch on another machine uses the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import DateTime, Integer, LargeBinary, String, Text, func, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from db._models import (
+    KEY_LEN,
+    MEASUREMENT_STATUSES,
+    Base,
+    MeasurementRow,
+    ProgramRow,
+    StructureRow,
+    TrialRow,
+    utcnow,
+)
+from db._records import check_choice, check_key, config_hash, json_text, utc
+
+if TYPE_CHECKING:
+    from db._store import Database
+
+ALL_DEVICES = "*"  # device_key of a model trained on every device's rows
+
+
+class CostModelRow(Base):
+    """A trained cost model: ``weights`` is ``CostModel.to_bytes()``."""
+
+    __tablename__ = "tuner_models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    device_key: Mapped[str] = mapped_column(String(KEY_LEN))
+    feature_version: Mapped[int] = mapped_column(Integer)
+    weights: Mapped[bytes] = mapped_column(LargeBinary)
+    trained_on_json: Mapped[str] = mapped_column(Text)
+    metrics_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+@dataclass(frozen=True)
+class TrainingRow:
+    measurement_id: int
+    program: str
+    program_hash: str
+    structure_hash: str
+    structure: Any  # the structure's JSON object
+    config: dict
+    device_key: str
+    median_s: float
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    id: int
+    kind: str
+    device_key: str
+    feature_version: int
+    weights: bytes
+    trained_on: dict
+    metrics: dict
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class MeasuredConfig:
+    """One configuration of a measured space: ``status`` is a measurement status."""
+
+    config: dict
+    status: str
+    median_s: float | None = None
+    message: str | None = None
+
+
+def training_rows(database: Database, device_key: str | None = None) -> list[TrainingRow]:
+    """Every ``ok`` measurement (the first attempt of each trial), oldest first."""
+    stmt = (select(MeasurementRow.id, ProgramRow.name, ProgramRow.program_hash,
+                   StructureRow.structure_hash, StructureRow.structure_json, TrialRow.config_json,
+                   MeasurementRow.device_key, MeasurementRow.median_s)
+            .join(TrialRow, MeasurementRow.trial_id == TrialRow.id)
+            .join(StructureRow, TrialRow.structure_id == StructureRow.id)
+            .join(ProgramRow, StructureRow.program_id == ProgramRow.id)
+            .where(MeasurementRow.status == "ok", MeasurementRow.attempt == 0)
+            .order_by(MeasurementRow.id))
+    if device_key:
+        stmt = stmt.where(MeasurementRow.device_key == device_key)
+    graphs: dict[str, Any] = {}
+    out = []
+    with database.session(write=False) as s:
+        for mid, name, phash, shash, sjson, cjson, dkey, median in s.execute(stmt):
+            if shash not in graphs:
+                graphs[shash] = json.loads(sjson)
+            out.append(TrainingRow(mid, name, phash, shash, graphs[shash], json.loads(cjson),
+                                   dkey, median))
+    return out
+
+
+def newest_measurement_id(database: Database, device_key: str | None = None) -> int:
+    stmt = select(func.max(MeasurementRow.id)).where(MeasurementRow.status == "ok")
+    if device_key:
+        stmt = stmt.where(MeasurementRow.device_key == device_key)
+    with database.session(write=False) as s:
+        return s.execute(stmt).scalar_one() or 0
+
+
+def record_measured_space(database: Database, *, program_hash: str, shapes: Any, dtype: str,
+                          name: str, graph: Any, structure_hash: str, structure: Any,
+                          device_key: str, configs: Iterable[MeasuredConfig],
+                          host: str | None = None) -> tuple[int, int]:
+    """Store a measured space in one transaction; returns (configs added, configs given).
+    Configurations already stored for this structure and device are left as they are."""
+    device_key = check_key(device_key, "device_key", KEY_LEN)
+    host = check_key(host or socket.gethostname(), "host", KEY_LEN)
+    rows = list(configs)
+    for r in rows:
+        check_choice(r.status, "measurement status", MEASUREMENT_STATUSES)
+        if r.status == "ok" and not (r.median_s and r.median_s > 0):
+            raise ValueError(f"configuration {r.config}: status ok needs a time > 0")
+    program_id = database.record_program(program_hash, shapes, dtype, name, graph)
+    structure_id = database.record_structure(program_id, structure_hash, structure,
+                                             {"verdict": "imported", "source": name}, 1)
+    with database.session() as s:
+        known = set(s.execute(select(TrialRow.config_hash).where(
+            TrialRow.structure_id == structure_id, TrialRow.device_key == device_key)).scalars())
+        now = utcnow()
+        fresh: dict[str, MeasuredConfig] = {}
+        for r in rows:
+            h = config_hash(r.config)
+            if h not in known and h not in fresh:
+                fresh[h] = r
+        if not fresh:
+            return 0, len(rows)
+        s.execute(TrialRow.__table__.insert(), [
+            {"structure_id": structure_id, "device_key": device_key, "config_hash": h,
+             "config_json": json_text(r.config, "config"), "study_name": None,
+             "trial_number": None, "created_at": now} for h, r in fresh.items()])
+        ids = dict(s.execute(select(TrialRow.config_hash, TrialRow.id).where(
+            TrialRow.structure_id == structure_id, TrialRow.device_key == device_key,
+            TrialRow.config_hash.in_(list(fresh)))).all()) if len(fresh) < 30000 else dict(
+            s.execute(select(TrialRow.config_hash, TrialRow.id).where(
+                TrialRow.structure_id == structure_id, TrialRow.device_key == device_key)).all())
+        s.execute(MeasurementRow.__table__.insert(), [
+            {"trial_id": ids[h], "device_key": device_key, "attempt": 0, "status": r.status,
+             "median_s": r.median_s if r.status == "ok" else None, "spread_s": None,
+             "samples_json": None, "max_error": None,
+             "message": None if r.message is None else str(r.message)[:2000], "host": host,
+             "measured_at": now} for h, r in fresh.items()])
+    return len(fresh), len(rows)
+
+
+def structure_configs(database: Database, structure_id: int) -> list[dict]:
+    """The distinct configs stored for a structure, on any device (a space to predict)."""
+    stmt = (select(TrialRow.config_hash, TrialRow.config_json).where(
+        TrialRow.structure_id == structure_id).distinct().order_by(TrialRow.config_hash))
+    with database.session(write=False) as s:
+        seen: dict[str, dict] = {}
+        for h, text in s.execute(stmt):
+            seen.setdefault(h, json.loads(text))
+    return list(seen.values())
+
+
+def save_model(database: Database, *, kind: str, device_key: str, feature_version: int,
+               weights: bytes, trained_on: dict, metrics: dict) -> int:
+    with database.session() as s:
+        row = CostModelRow(kind=check_key(kind, "kind", 32),
+                           device_key=check_key(device_key, "device_key", KEY_LEN),
+                           feature_version=feature_version, weights=weights,
+                           trained_on_json=json_text(trained_on, "trained_on"),
+                           metrics_json=json_text(metrics, "metrics"), created_at=utcnow())
+        s.add(row)
+        s.flush()
+        return row.id
+
+
+def models(database: Database, device_key: str | None = None, kind: str | None = None,
+           with_weights: bool = True) -> list[ModelRecord]:
+    """Stored models, newest first; ``device_key`` also matches models of every device."""
+    stmt = select(CostModelRow).order_by(CostModelRow.id.desc())
+    if device_key:
+        stmt = stmt.where(CostModelRow.device_key.in_([device_key, ALL_DEVICES]))
+    if kind:
+        stmt = stmt.where(CostModelRow.kind == kind)
+    with database.session(write=False) as s:
+        return [ModelRecord(r.id, r.kind, r.device_key, r.feature_version,
+                            r.weights if with_weights else b"", json.loads(r.trained_on_json),
+                            json.loads(r.metrics_json), utc(r.created_at))
+                for r in s.execute(stmt).scalars()]
+
+
+def best_model(database: Database, device_key: str, kinds: Sequence[str] = (
+        "graphsage", "gbdt")) -> ModelRecord | None:
+    """The newest model for ``device_key`` (one trained on its own rows before one trained
+    on every device), preferring ``kinds`` in order."""
+    found = models(database, device_key)
+    for exact in (True, False):
+        for kind in kinds:
+            for m in found:
+                if m.kind == kind and (m.device_key == device_key) == exact:
+                    return m
+    return None
