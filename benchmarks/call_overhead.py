@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from kernels import get_device, measure, random_inputs
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = load_program(args.program, dict(s.split("=", 1) for s in args.set))
     cpu = get_device("cpu")

@@ -119,8 +119,12 @@ def gpu_copy_gbs(nbytes: int = 1 << 30, repeats: int = 5) -> float:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    from kernels import IsolatedWorker, local_cpu_spec
-    from kernels.hardware import measure_copy_bandwidth, measure_cpu_bandwidth
+    from kernels import (
+        IsolatedWorker,
+        local_cpu_spec,
+        measure_copy_bandwidth,
+        measure_cpu_bandwidth,
+    )
 
     if args.device == "cuda":
         from kernels import cuda_device_spec, device_key
@@ -179,8 +183,7 @@ def measure_row(args: argparse.Namespace, worker, label: str, name: str, overrid
                 copy: float, balance: float) -> dict:
     """One row, both sides timed one after the other."""
     from kernels import measure_program
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = load_program(name, overrides)
     found = winner(Path(args.structures), name, program, args.device) \

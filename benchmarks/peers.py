@@ -90,11 +90,11 @@ def sides(args, program, device, inputs) -> list[Side]:
     if gpu:
         import cupy as cp
 
-        from kernels.devices._cuda import EventClock, _cupy_arith
+        from kernels.devices import EventClock, cupy_arith
 
         dtype = {"float16": cp.float16, "bfloat16": cp.float32}.get(program.dtype, cp.float32)
         xs = [cp.asarray(x, dtype) for x in inputs]
-        arith = _cupy_arith(cp)
+        arith = cupy_arith(cp)
         out.append(Side("cupy", lambda: run(ref, xs, arith), cp.asnumpy, EventClock(cp)))
     else:
         xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
@@ -162,7 +162,7 @@ def tuner_side(args, program, device, inputs) -> Side | None:
     import numpy as np
 
     from kernels import rank_structures
-    from search.handwritten import handwritten
+    from search import handwritten
     from tuner.cmd_kernels import read_structures
 
     ref = program.build()
@@ -172,7 +172,7 @@ def tuner_side(args, program, device, inputs) -> Side | None:
 
         record = tuner.best(program, device=device.key, url=args.db)
         if record is not None:
-            from search.serialize import from_obj
+            from search import from_obj
 
             structure, config = from_obj(record.structure), record.config
             source, label = record.source, f"stored {record.structure_hash[:10]}"
@@ -195,13 +195,11 @@ def tuner_side(args, program, device, inputs) -> Side | None:
     if args.device == "cuda":
         import cupy as cp
 
-        from kernels.devices._cuda import STORAGE, EventClock
+        from kernels.devices import STORAGE, CudaKernel, EventClock
 
         xs = [cp.asarray(x, STORAGE.get(b.dtype, np.float32))
               for x, b in zip(inputs, plan.inputs, strict=True)]
         outs = [cp.empty(b.shape, STORAGE.get(b.dtype, np.float32)) for b in plan.outputs]
-        from kernels.devices._cuda import CudaKernel
-
         raw = CudaKernel(cp, plan, source)  # launched directly: no host copies in the timing
         return Side(f"tuner ({label}, {plan.config})", lambda: (raw(xs, outs), outs)[1],
                     lambda o: cp.asnumpy(o).astype(np.float32), EventClock(cp))
@@ -216,7 +214,7 @@ def run(args) -> list[dict]:
 
     from kernels import get_device, measure, random_inputs
     from kernels.devices import reference
-    from search.suite import load_program
+    from search import load_program
 
     device = get_device(args.device)
     print(f"# {device.key}; threads {args.threads or os.cpu_count()}; rounds {args.rounds}",

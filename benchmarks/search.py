@@ -39,10 +39,13 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cluster import RayExecutor, search_program  # noqa: E402
-from search import format_graph  # noqa: E402
-from search.enumerate import Limits  # noqa: E402
-from search.serialize import from_obj  # noqa: E402
-from search.suite import SUITE, load_program  # noqa: E402
+from search import (  # noqa: E402
+    SUITE,
+    Limits,  # noqa: E402
+    format_graph,  # noqa: E402
+    from_obj,  # noqa: E402
+    load_program,
+)
 
 MIRAGE_S = 241.6
 RMSNORM_TARGET_S = 12.0

@@ -44,8 +44,7 @@ PROGRAMS = ("rmsnorm_matmul", "gated_mlp", "lora", "gqa", "qknorm_gqa", "mha", "
 def candidates(name: str, program, structures: Path | None, device, top: int) -> list[tuple]:
     """[(graph, hash, where from)] best first by the roofline estimate on ``device``."""
     from kernels import rank_structures
-    from search import structural_hash
-    from search.handwritten import handwritten
+    from search import handwritten, structural_hash
     from tuner.cmd_kernels import read_structures
 
     found: list[tuple] = []
@@ -92,8 +91,7 @@ def configs(space, rng: random.Random):
 
 def sweep(args: argparse.Namespace, out) -> None:
     from kernels import IsolatedWorker, config_space, estimate, get_device
-    from search.serialize import to_obj
-    from search.suite import load_program
+    from search import load_program, to_obj
 
     device = get_device(args.device)
     spec, key = device.spec, device.key

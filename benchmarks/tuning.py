@@ -42,9 +42,13 @@ from kernels import (  # noqa: E402
     lower,
     render,
 )
-from search.handwritten import handwritten  # noqa: E402
-from search.serialize import to_obj  # noqa: E402
-from search.suite import EXTRA, SUITE, load_program  # noqa: E402
+from search import (  # noqa: E402
+    EXTRA,
+    SUITE,
+    handwritten,  # noqa: E402
+    load_program,
+    to_obj,  # noqa: E402
+)
 from tuner.cached import program_key  # noqa: E402
 from tuner.jobfile import TuningSpec  # noqa: E402
 from tuner.tune import StudyRunner, StudyTask, study_name  # noqa: E402
@@ -119,7 +123,7 @@ def replay(structure, reference, space, table, sampler: str, seed: int, key) -> 
                              tuning.make_sampler, pool,
                              trials=len(table), seed=seed,
                              on_trial=lambda _t, res: order.append(
-                                 res["median_s"] if res["status"] == "ok" else float("inf")))
+                                 res.median_s if res.status == "ok" else float("inf")))
         task = StudyTask(key.name, sid, shash, structure, to_obj(structure), to_obj(reference),
                          space, "cpu:replay", spec,
                          study_name(key.name, key.program_hash, "{}", shash, f"{sampler}{seed}"))

@@ -22,10 +22,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from search.handwritten import HANDWRITTEN  # noqa: E402
-from search.suite import builtin_names, load_program, small_instance  # noqa: E402
-from verifier import equivalent  # noqa: E402
-from verifier.arith import build_tables  # noqa: E402
+from search import (  # noqa: E402
+    HANDWRITTEN,  # noqa: E402
+    builtin_names,
+    load_program,
+    small_instance,
+)
+from verifier import (
+    build_tables,  # noqa: E402
+    equivalent,  # noqa: E402
+)
 
 TARGET_MS = 2.0
 HEADLINE = "rmsnorm_matmul"

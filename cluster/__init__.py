@@ -1,11 +1,25 @@
-"""Distribution: the search sharded over Ray tasks (embedded or on a cluster)."""
+"""Distribution: the search sharded over Ray tasks (embedded or on a cluster), and the
+measurement slots that time trials on devices.
 
-from .ranking import describe, rank
+The deepening driver and the ranking live in ``search`` (``run_search``, ``rank``,
+``describe``); ``search_program`` runs them on an executor of this package.
+"""
+
+from search import SearchResult, ShardResult, describe, rank
+
 from .runtime import LocalExecutor, RayExecutor, make_executor, start_ray, stop_ray
-from .search import SearchResult, search_program
-from .search_tasks import ShardResult, verify_structure
-from .slots import MeasureSlot, ReplayPool, SlotPool
+from .search_tasks import run_and_verify, verify_structure
+from .sharded import search_program
+from .slots import (
+    LocalPool,
+    MeasurementPool,
+    MeasureSlot,
+    ReplayPool,
+    SlotPool,
+    TrialRequest,
+    TrialResult,
+)
 
-__all__ = ["LocalExecutor", "MeasureSlot", "RayExecutor", "ReplayPool", "SearchResult", "ShardResult",
-           "SlotPool", "describe", "make_executor", "rank", "search_program", "start_ray",
-           "stop_ray", "verify_structure"]
+__all__ = ["LocalExecutor", "LocalPool", "MeasureSlot", "MeasurementPool", "RayExecutor",
+           "ReplayPool", "SearchResult", "ShardResult", "SlotPool", "TrialRequest", "TrialResult", "describe", "make_executor", "rank", "run_and_verify",
+           "search_program", "start_ray", "stop_ray", "verify_structure"]

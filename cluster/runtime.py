@@ -1,38 +1,41 @@
-"""Where shards run: in this process, or as Ray tasks (embedded or on a cluster)."""
+"""Where shards run: in this process, or as Ray tasks (embedded or on a cluster).
+
+Both executors satisfy ``search.Executor`` and take the task a shard runs as an argument
+(``task(payload, shard) -> ShardResult``; default ``search_tasks.run_and_verify``), so the
+driver in ``search`` never names the verifier and nothing here imports the driver.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections import deque
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
+from search import Executor, Shard, ShardResult
 
-class Executor(Protocol):
-    workers: int
+from .search_tasks import run_and_verify
 
-    def submit(self, shard: Any, payload: dict) -> None: ...
-    def next_result(self) -> Any | None: ...
-    def close(self) -> None: ...
+Task = Callable[[dict, Shard], ShardResult]
 
 
 class LocalExecutor:
     """Runs shards one by one in this process (tests, and a machine without Ray)."""
 
-    def __init__(self) -> None:
+    def __init__(self, task: Task = run_and_verify) -> None:
         self.workers = 1
+        self.task = task
         self.queue: deque = deque()
 
-    def submit(self, shard: Any, payload: dict) -> None:
+    def submit(self, shard: Shard, payload: dict) -> None:
         self.queue.append((shard, payload))
 
-    def next_result(self) -> Any | None:
-        from .search_tasks import run_and_verify
-
+    def next_result(self) -> ShardResult | None:
         if not self.queue:
             return None
         shard, payload = self.queue.popleft()
-        return run_and_verify(payload, shard)
+        return self.task(payload, shard)
 
     def close(self) -> None:
         self.queue.clear()
@@ -66,26 +69,24 @@ class RayExecutor:
     """Shards as Ray tasks; a task whose worker dies is retried (``max_retries``)."""
 
     def __init__(self, workers: int = 1, address: str | None = None,
-                 max_retries: int = 3) -> None:
+                 max_retries: int = 3, task: Task = run_and_verify) -> None:
         import ray
 
         self.ray = ray
         self.started = start_ray(workers, address)
         cpus = int(ray.cluster_resources().get("CPU", workers))
         self.workers = cpus if address else workers
-        from .search_tasks import run_and_verify
-
-        self.task = ray.remote(num_cpus=1, max_retries=max_retries)(run_and_verify)
+        self.task = ray.remote(num_cpus=1, max_retries=max_retries)(task)
         self.inflight: list = []
         self._payload_ref: tuple[int, Any] | None = None
 
-    def submit(self, shard: Any, payload: dict) -> None:
+    def submit(self, shard: Shard, payload: dict) -> None:
         if self._payload_ref is None or self._payload_ref[0] is not payload:
             # keep the payload itself: an id() could be reused by a later search's payload
             self._payload_ref = (payload, self.ray.put(payload))
         self.inflight.append(self.task.remote(self._payload_ref[1], shard))
 
-    def next_result(self) -> Any | None:
+    def next_result(self) -> ShardResult | None:
         if not self.inflight:
             return None
         done, self.inflight = self.ray.wait(self.inflight, num_returns=1)

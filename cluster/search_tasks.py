@@ -1,49 +1,28 @@
 """The worker side of the search: enumerate one shard and verify what it yields.
 
-What a Ray task (or the local executor) runs, apart from the driver in ``search.py`` so that
-the executors can name the task without importing the driver that uses them.
+What a Ray task (or the local executor) runs for the driver in ``search.driver``: the
+executors (``runtime``) take it as their task, so the driver never names the verifier.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
 
-from search import KernelGraph, structural_hash
-from search.enumerate import Context, Limits, Shard, Stats, run_shard
-from search.serialize import from_obj, to_obj
+from search import (
+    Context,
+    KernelGraph,
+    Limits,
+    Shard,
+    ShardResult,
+    from_obj,
+    run_shard,
+    structural_hash,
+    to_obj,
+)
 from verifier import DEFAULT_TESTS, equivalent
 
 _CONTEXTS: dict[tuple, tuple[Context, KernelGraph]] = {}
-
-
-@dataclass
-class ShardResult:
-    shard_id: str
-    config_id: str
-    stats: Stats
-    verified: dict[str, dict]  # hash → canonical µGraph JSON object
-    checked: int = 0
-    rejected: int = 0
-    elapsed_s: float = 0.0
-
-    @property
-    def complete(self) -> bool:
-        """Whether the shard ran to its end (a shard cut by the deadline must run again)."""
-        return not self.stats.timed_out
-
-    def to_json(self) -> dict:
-        """A JSON object for the database, so a resumed job skips this shard."""
-        return {"shard_id": self.shard_id, "config_id": self.config_id,
-                "stats": asdict(self.stats), "verified": self.verified,
-                "checked": self.checked, "rejected": self.rejected,
-                "elapsed_s": self.elapsed_s}
-
-    @classmethod
-    def from_json(cls, obj: dict) -> ShardResult:
-        return cls(obj["shard_id"], obj["config_id"], Stats(**obj["stats"]),
-                   dict(obj["verified"]), obj["checked"], obj["rejected"], obj["elapsed_s"])
 
 
 def _context(payload: dict) -> tuple[Context, KernelGraph]:
@@ -92,7 +71,7 @@ def run_and_verify(payload: dict, shard: Shard) -> ShardResult:
             continue
         seen.add(h)
         checked += 1
-        ok, _ = verify_structure(graph, small, payload.get("tests", DEFAULT_TESTS))
+        ok, _ = verify_structure(graph, small, payload.get("tests") or DEFAULT_TESTS)
         if ok:
             verified[h] = to_obj(graph)
         else:

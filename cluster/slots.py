@@ -4,17 +4,114 @@ One slot per GPU (a Ray actor with ``num_gpus=1``) or one per CPU node (a CPU ke
 every core through OpenMP, so two slots on one machine would time each other).  A slot keeps
 an isolated kernel worker (``kernels.isolate``) alive across trials, so a candidate that
 crashes or hangs costs its own worker, never the slot or the driver.  The driver hands out
-trials and receives plain dicts; it alone writes the database (one writer).
+trials (``TrialRequest``) and receives ``TrialResult``s; it alone writes the database (one
+writer).  ``MeasurementPool`` is what a driver may call on a pool: ``SlotPool`` (Ray actors),
+``LocalPool`` (one slot in the driver) and ``ReplayPool`` (recorded timings) all satisfy it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 from kernels import Device, DeviceSpec, IsolatedWorker, ReplayDevice, get_device, thread_env
-from search.serialize import from_obj
+from search import from_obj
+
+Method = Literal["trial", "baseline"]
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """What goes to a slot: a ``trial`` (``structure`` bound by ``config``, checked against
+    ``reference``, timed) or a ``baseline`` (``reference`` op by op; no structure, no config).
+
+    Graphs travel as canonical JSON objects (``search.to_obj``).  ``tag`` comes back on the
+    result, so a driver with several requests in flight knows which one finished.
+    ``timeout_s`` None: the method's default (60 s a trial, 600 s a baseline)."""
+
+    reference: dict
+    structure: dict | None = None
+    config: Mapping[str, int] = field(default_factory=dict)
+    tag: Any = None
+    seed: int = 0
+    timing: Mapping | None = None
+    timeout_s: float | None = None
+
+    @classmethod
+    def of(cls, request: TrialRequest | Mapping[str, Any]) -> TrialRequest:
+        """A request as is, or built from the mapping of its fields (callers that still send
+        dicts: unknown keys are an error)."""
+        if isinstance(request, TrialRequest):
+            return request
+        return cls(**request)
+
+
+@dataclass
+class TrialResult:
+    """What comes back from a slot: ``Device.run_trial``'s outcome, or a baseline's.
+
+    ``status``: one of ``kernels.STATUSES``, or "invalid" (the config does not lower); times in
+    seconds.  ``extra`` keeps whatever else a recorded (replayed) result carried.  ``get`` and
+    ``[]`` read a field by name, for callers written against the dicts this replaced."""
+
+    status: str
+    tag: Any = None
+    message: str = ""
+    config: dict[str, int] | None = None
+    source: str | None = None
+    median_s: float | None = None
+    spread_s: float | None = None
+    samples: list[float] | None = None
+    max_error: float | None = None
+    kernels: int | None = None
+    host: str | None = None
+    wall_s: float | None = None
+    baseline_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, out: Mapping[str, Any], tag: Any = None) -> TrialResult:
+        """From ``Device.run_trial``'s dict (or a recorded one); ``tag`` unless it has one."""
+        known = {k: v for k, v in out.items() if k in _RESULT_FIELDS and k != "extra"}
+        known.setdefault("tag", tag)
+        extra = {k: v for k, v in out.items() if k not in _RESULT_FIELDS}
+        return cls(**known, extra=extra)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        if name in _RESULT_FIELDS and name != "extra":
+            value = getattr(self, name)
+            return default if value is None else value
+        return self.extra.get(name, default)
+
+    def __getitem__(self, name: str) -> Any:
+        if name in _RESULT_FIELDS and name != "extra":
+            return getattr(self, name)
+        return self.extra[name]
+
+
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(TrialResult))  # what get/[] read
+
+
+class MeasurementPool(Protocol):
+    """Where a driver sends measurement requests, for one device.
+
+    ``key``: the device key results are filed under; ``spec``: its ``kernels.DeviceSpec``;
+    ``idle``: how many requests it can take now.  ``submit`` a request (only when ``idle``);
+    ``next_done`` blocks for the next finished one's result (None when nothing is in flight);
+    ``close`` releases the slots."""
+
+    key: str
+    spec: DeviceSpec
+
+    @property
+    def idle(self) -> int: ...
+    def submit(self, method: Method, request: TrialRequest) -> None: ...
+    def next_done(self) -> TrialResult | None: ...
+    def close(self) -> None: ...
 
 
 class MeasureSlot:
@@ -44,27 +141,28 @@ class MeasureSlot:
         """This slot's device limits and speeds (for the roofline)."""
         return self.device.spec
 
-    def trial(self, request: dict) -> dict:
-        """``request``: structure, reference (canonical JSON objects), config, seed, timing,
-        timeout_s.  Returns ``Device.run_trial``'s dict with the request's ``tag``."""
+    def trial(self, request: TrialRequest) -> TrialResult:
+        """Check and time the request's structure bound by its config (``Device.run_trial``);
+        the result carries the request's ``tag``."""
+        if request.structure is None:
+            raise ValueError("a trial request needs a structure (a baseline has none)")
         out = self.device.run_trial(
-            from_obj(request["structure"]), from_obj(request["reference"]), request["config"],
-            seed=request.get("seed", 0), timing=request.get("timing"), worker=self.worker,
-            timeout_s=request.get("timeout_s", 60.0))
-        out["tag"] = request.get("tag")
-        return out
+            from_obj(request.structure), from_obj(request.reference), request.config,
+            seed=request.seed, timing=request.timing, worker=self.worker,
+            timeout_s=60.0 if request.timeout_s is None else request.timeout_s)
+        return TrialResult.from_dict({**out, "tag": request.tag})
 
-    def baseline(self, request: dict) -> dict:
+    def baseline(self, request: TrialRequest) -> TrialResult:
         """Op-by-op time of the reference on this device (numpy on a cpu, CuPy on a GPU),
         timed in the isolated worker: this process's numpy may have loaded before ``env``."""
         seconds = self.device.time_baseline(
-            from_obj(request["reference"]), seed=request.get("seed", 0),
-            timing=request.get("timing"), worker=self.worker,
-            timeout_s=request.get("timeout_s", 600.0))
-        return {"tag": request.get("tag"), "baseline_s": seconds,
-                "status": "ok" if seconds is not None else "runtime_error",
-                "message": "" if seconds is not None else
-                f"the op-by-op baseline could not be timed on {self.device.key}"}
+            from_obj(request.reference), seed=request.seed, timing=request.timing,
+            worker=self.worker,
+            timeout_s=600.0 if request.timeout_s is None else request.timeout_s)
+        return TrialResult("ok" if seconds is not None else "runtime_error", request.tag,
+                           "" if seconds is not None else
+                           f"the op-by-op baseline could not be timed on {self.device.key}",
+                           baseline_s=seconds)
 
     def close(self) -> None:
         self.worker.close()
@@ -92,12 +190,13 @@ class SlotPool:
     def idle(self) -> int:
         return len(self.free)
 
-    def submit(self, method: str, request: dict) -> None:
+    def submit(self, method: Method, request: TrialRequest | Mapping[str, Any]) -> None:
         """Run ``method`` ("trial" or "baseline") on a free slot; call only when ``idle``."""
+        request = TrialRequest.of(request)
         slot = self.free.pop()
         self.inflight[getattr(slot, method).remote(request)] = (slot, request)
 
-    def next_done(self) -> dict | None:
+    def next_done(self) -> TrialResult | None:
         """The next finished request's result (blocking); None when nothing is in flight.
         A slot whose actor died reports the trial as a runtime error and is restarted."""
         if not self.inflight:
@@ -108,10 +207,10 @@ class SlotPool:
         try:
             return self.ray.get(done[0])
         except self.ray.exceptions.RayError as err:
-            return {"tag": request.get("tag"), "status": "runtime_error",
-                    "message": f"the measurement slot died: {type(err).__name__}: "
+            return TrialResult("runtime_error", request.tag,
+                               f"the measurement slot died: {type(err).__name__}: "
                                f"{str(err).splitlines()[0] if str(err) else ''}",
-                    "config": request.get("config"), "source": None}
+                               config=dict(request.config))
 
     def close(self) -> None:
         for slot in self.slots:
@@ -136,10 +235,10 @@ class LocalPool:
     def idle(self) -> int:
         return 0 if self._pending else 1
 
-    def submit(self, method: str, request: dict) -> None:
-        self._pending.append((method, request))
+    def submit(self, method: Method, request: TrialRequest | Mapping[str, Any]) -> None:
+        self._pending.append((method, TrialRequest.of(request)))
 
-    def next_done(self) -> dict | None:
+    def next_done(self) -> TrialResult | None:
         if not self._pending:
             return None
         method, request = self._pending.popleft()
@@ -156,7 +255,8 @@ class ReplayPool(LocalPool):
     built, so search strategies can be compared on one fixed table of real measurements.
 
     ``table`` maps ``key_of(config)`` keys (e.g. ``db.config_hash``) to recorded trial results
-    (the dicts ``Device.run_trial`` returns); a config missing from it is 'invalid'."""
+    (the dicts ``Device.run_trial`` returns; they come back as ``TrialResult``); a config
+    missing from it is 'invalid'."""
 
     def __init__(self, table: dict[str, dict], key_of: Callable[[Mapping[str, int]], str],
                  device_key: str, spec: DeviceSpec, baseline_s: float | None = None) -> None:

@@ -11,12 +11,17 @@ from __future__ import annotations
 import time
 
 from cluster import LocalExecutor, search_program
-from search import BlockGraph, KernelGraph, format_graph
-from search.handwritten import handwritten
-from search.serialize import from_obj
-from search.suite import builtin_names, load_program, small_instance
-from verifier import equivalent
-from verifier.arith import build_tables
+from search import (
+    BlockGraph,
+    KernelGraph,
+    builtin_names,
+    format_graph,
+    from_obj,
+    handwritten,
+    load_program,
+    small_instance,
+)
+from verifier import build_tables, equivalent
 
 
 def main() -> None:

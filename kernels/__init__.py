@@ -32,6 +32,7 @@ _EXPORTS = {
     "DeviceSpec": "hardware", "GPU_SPECS": "hardware", "get_spec": "hardware",
     "local_cpu_spec": "hardware", "cuda_device_spec": "hardware", "device_key": "hardware",
     "cuda_available": "hardware", "roofline": "hardware", "cache_root": "hardware",
+    "measure_copy_bandwidth": "hardware", "measure_cpu_bandwidth": "hardware",
     # tuning helpers
     "ConfigSpace": "configspace", "config_space": "configspace", "estimate": "configspace",
     "rank_structures": "configspace", "legal": "configspace",

@@ -14,14 +14,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from search import KernelGraph
-from search.handwritten import handwritten
-from search.lang import Program
+from search import DTYPE_BYTES, KernelGraph, Program, handwritten
 
 from .devices import Device, IsolatedWorker, get_device, random_inputs
 
 DEFAULT_TIMING = {"warmup": 2, "min_repeats": 7, "budget_s": 1.0, "target_rse": 0.02}
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 @dataclass

@@ -22,11 +22,7 @@ if TYPE_CHECKING:
 
 from .dimclass import dim_classes, out_classes
 from .graph import BlockGraph, Graph, KernelGraph
-from .ops import OPS, Expr
-
-_FUNCS = {"add": "Add", "mul": "Mul", "div": "Div", "sum": "Sum", "exp": "Exp", "sqrt": "Sqrt",
-          "silu": "Silu", "sigmoid": "Sigmoid", "gelu": "Gelu", "relu": "Relu"}
-_ARITY = {"add": 2, "mul": 2, "div": 2}
+from .ops import EGG_FUNCTIONS, OPS, Expr
 
 _AXIOMS = """
 (rewrite (Add a b) (Add b a))
@@ -53,7 +49,7 @@ def to_sexpr(term: Expr) -> str:
         return f'(Cst "{term[1]}")'
     if tag == "sum":
         return f'(Sum "{term[1]}" {to_sexpr(term[2])})'
-    return f"({_FUNCS[tag]} {' '.join(to_sexpr(t) for t in term[1:])})"
+    return f"({EGG_FUNCTIONS[tag]} {' '.join(to_sexpr(t) for t in term[1:])})"
 
 
 @dataclass
@@ -84,7 +80,7 @@ class SaturatedTarget:
             result = None if None in kids else self.table.get(("Sum", *kids))
         else:
             kids = [self.eclass(t) for t in term[1:]]
-            result = None if None in kids else self.table.get((_FUNCS[tag], *kids))
+            result = None if None in kids else self.table.get((EGG_FUNCTIONS[tag], *kids))
         self._memo[term] = result
         return result
 
@@ -106,8 +102,7 @@ def saturate(outputs: Iterable[Expr], *, max_nodes: int = 50_000, max_iterations
 
     start = time.perf_counter()
     eg = egg.EGraph()
-    decl = ["(datatype M (Var String) (Cst String) (Add M M) (Mul M M) (Div M M) (Sum String M)"
-            " (Exp M) (Sqrt M) (Silu M) (Sigmoid M) (Gelu M) (Relu M))", _AXIOMS]
+    decl = [_datatype(), _AXIOMS]
     outputs = list(outputs)
     for i, term in enumerate(outputs):
         decl.append(f"(let $out{i} {to_sexpr(term)})")
@@ -126,6 +121,16 @@ def saturate(outputs: Iterable[Expr], *, max_nodes: int = 50_000, max_iterations
     table, roots = _hashcons(eg, len(outputs))
     return SaturatedTarget(roots, table, nodes, iterations, saturated,
                            time.perf_counter() - start)
+
+
+def _datatype() -> str:
+    """The e-graph's term language: leaves, then a function per ``EGG_FUNCTIONS`` entry (a sum
+    also names the dimension class it reduces)."""
+    funcs = []
+    for tag, func in EGG_FUNCTIONS.items():
+        args = "String M" if tag == "sum" else " ".join(["M"] * OPS[tag].arity)
+        funcs.append(f"({func} {args})")
+    return f"(datatype M (Var String) (Cst String) {' '.join(funcs)})"
 
 
 def _size(eg: egg.EGraph) -> int:

@@ -109,9 +109,5 @@ def bind_size(size: Size, config: Mapping[str, int]) -> int:
     return int(config[size])
 
 
-def dim_json(dim: Dim) -> int | str:
-    return dim if isinstance(dim, int) else str(dim)
-
-
 def fmt_shape(shape: tuple[Dim, ...]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"

@@ -1,9 +1,12 @@
 """The op table: every op of the µGraph IR defined once.
 
 Each entry names the op, its arity, the graph levels that allow it, its attributes, its
-shape rule, its dtype rule and its abstract expression (used by the search to prune).
-The builder, the parser, the interpreter, the enumerator and the lowering all read this
-table; none of them keeps its own list of ops.
+shape rule, its dtype rule, its abstract expression (used by the search to prune) and the
+egglog function that expression is built from.
+The builder, the parser, the interpreter, the enumerator, the lowering and the renderer all
+read this table or the sets derived from it below (``ELEMENTWISE_OPS``, ``UNARY_OPS``,
+``BINARY_OPS``, ``ROW_REDUCTIONS``, ``EGG_FUNCTIONS``); none of them keeps its own list of ops.
+``DTYPE_BYTES`` is the one table of dtypes and their widths.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from .dims import Dim, ShapeError, fmt_shape
 
 KERNEL = "kernel"
 BLOCK = "block"
-DTYPES = ("float16", "bfloat16", "float32")
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # storage width of each dtype
+DTYPES = tuple(DTYPE_BYTES)
 MAX_RANK = 4
 ACCUM_KINDS = ("no_red", "sum", "mean", "rms")
 
@@ -37,6 +41,8 @@ class OpDef:
     attrs: tuple[str, ...] = ()
     commutative: bool = False
     elementwise: bool = False  # unary or binary pointwise: fused into thread chains
+    row_reduction: bool = False  # reduces a row (kept with size 1), or normalises by one
+    egg: str | None = None  # the egglog function its abstract expression is tagged with
     doc: str = ""
     dtype_rule: Callable[[Sequence[str], dict], str] = field(default=None)  # type: ignore[assignment]
 
@@ -216,10 +222,6 @@ def _abs_accum(e, s, a):
     return mean if kind == "mean" else ("sqrt", mean)
 
 
-def _no_shape(shapes, attrs):  # pragma: no cover - never called for these ops
-    raise ShapeError("input/output/graph_kernel shapes are computed by the graph")
-
-
 # --- the table ---------------------------------------------------------------------------
 
 _BOTH = frozenset({KERNEL, BLOCK})
@@ -229,6 +231,10 @@ _UNARY_DOCS = {
     "relu": "max(x, 0)",
 }
 _BINARY_DOCS = {"add": "a + b", "sub": "a − b", "mul": "a · b", "div": "a / b"}
+# ops whose abstract expression has a function of its own in the e-graph (the others are
+# written with these: sub = add of a negation, square = mul, mean = sum times a constant, ...)
+_EGG = {"add": "Add", "mul": "Mul", "div": "Div", "exp": "Exp", "sqrt": "Sqrt", "silu": "Silu",
+        "sigmoid": "Sigmoid", "gelu": "Gelu", "relu": "Relu"}
 
 
 def _build() -> dict[str, OpDef]:
@@ -242,10 +248,10 @@ def _build() -> dict[str, OpDef]:
               lambda e, s, a: ("mul", e[0], ("cst", float(a["scalar"]))),
               ("scalar",), elementwise=True, doc="x · c for a numeric constant c"),
         OpDef("sum", 1, _BOTH, _reduce_shape("sum"), _abs_reduce(mean=False), ("dim",),
-              doc="sum over one dim, kept with size 1"),
+              row_reduction=True, egg="Sum", doc="sum over one dim, kept with size 1"),
         OpDef("mean", 1, _BOTH, _reduce_shape("mean"), _abs_reduce(mean=True), ("dim",),
-              doc="mean over one dim, kept with size 1"),
-        OpDef("rms_norm", 1, _BOTH, _unary("rms_norm"), _abs_rms_norm,
+              row_reduction=True, doc="mean over one dim, kept with size 1"),
+        OpDef("rms_norm", 1, _BOTH, _unary("rms_norm"), _abs_rms_norm, row_reduction=True,
               doc="x / sqrt(mean(x², last dim)), no weight, no epsilon"),
         OpDef("accum", 1, frozenset({BLOCK}), _accum_shape, _abs_accum, ("kind",),
               doc="for-loop accumulator: no_red (sum over iterations) or sum/mean/rms of the "
@@ -255,15 +261,26 @@ def _build() -> dict[str, OpDef]:
     ]
     for name, doc in _BINARY_DOCS.items():
         ops.append(OpDef(name, 2, _BOTH, _binary(name), _abs_binary(name),
-                         commutative=name in ("add", "mul"), elementwise=True, doc=doc))
+                         commutative=name in ("add", "mul"), elementwise=True,
+                         egg=_EGG.get(name), doc=doc))
     for name, doc in _UNARY_DOCS.items():
         abstract = (lambda e, s, a: ("mul", e[0], e[0])) if name == "square" else _abs_unary(name)
-        ops.append(OpDef(name, 1, _BOTH, _unary(name), abstract, elementwise=True, doc=doc))
+        ops.append(OpDef(name, 1, _BOTH, _unary(name), abstract, elementwise=True,
+                         egg=_EGG.get(name), doc=doc))
     return {op.name: op for op in ops}
 
 
 OPS: dict[str, OpDef] = _build()
 COMPUTE_OPS = tuple(n for n in OPS if n not in ("input", "output", "graph_kernel", "accum"))
+ELEMENTWISE_OPS = frozenset(n for n, op in OPS.items() if op.elementwise)
+# pointwise ops of one operand and no attribute (mul_scalar, which takes one, is neither)
+UNARY_OPS = tuple(n for n, op in OPS.items() if op.elementwise and op.arity == 1 and not op.attrs)
+BINARY_OPS = tuple(n for n, op in OPS.items() if op.elementwise and op.arity == 2)
+ROW_REDUCTIONS = frozenset(n for n, op in OPS.items() if op.row_reduction)
+# abstract-expression tag -> egglog function, two-operand functions first (the order of the
+# e-graph's datatype declaration)
+EGG_FUNCTIONS = {n: OPS[n].egg for n in sorted(OPS, key=lambda n: -(OPS[n].arity or 0))
+                 if OPS[n].egg}
 
 
 def op_def(name: str) -> OpDef:

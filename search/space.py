@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .absexpr import Expressions, SaturatedTarget, saturate, target_expressions
 from .dimclass import DimClasses, dim_classes
 from .graph import KernelGraph
-from .ops import OPS, Expr
+from .ops import EGG_FUNCTIONS, OPS, Expr
 
 DEFAULT_KERNEL_OPS = ("matmul", "exp", "silu", "add", "mul", "div", "sum", "rms_norm")
 DEFAULT_BLOCK_OPS = ("matmul", "exp", "square", "sqrt", "silu", "sigmoid", "gelu", "relu",
@@ -124,9 +124,7 @@ class Context:
             probe = OPS[name].abstract([("var", "a"), ("var", "b")][:OPS[name].arity or 1],
                                        [(2, 2)] * 2, {"kind": "no_red", "_loop": True,
                                                       "dim": 0, "scalar": 1.0})
-            top = {"add": "Add", "mul": "Mul", "div": "Div", "sum": "Sum", "exp": "Exp",
-                   "sqrt": "Sqrt", "silu": "Silu", "sigmoid": "Sigmoid", "gelu": "Gelu",
-                   "relu": "Relu"}.get(probe[0])
+            top = EGG_FUNCTIONS.get(probe[0])
             if top is None or top in present:
                 kept.append(name)
         return tuple(kept)

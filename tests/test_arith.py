@@ -8,8 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from verifier import arith
-from verifier.arith import FLOAT_MATMUL_MAX_K, FieldArith, FloatArith, G, P, Q
+from verifier import FLOAT_MATMUL_MAX_K, FieldArith, FloatArith, G, P, Q, arith
 
 F = FieldArith()
 R = FloatArith()

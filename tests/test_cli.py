@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from search import from_json, structural_hash, to_json
-from search.suite import builtin_names, load_program
+from search import builtin_names, from_json, load_program, structural_hash, to_json
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from costmodel import (
     read_kernel_tuner,
 )
 from kernels import get_spec
-from search.serialize import from_obj
+from search import from_obj
 
 SPEC = get_spec("NVIDIA H100 80GB HBM3")
 

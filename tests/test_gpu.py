@@ -54,8 +54,7 @@ def test_the_gpu_is_named_and_its_limits_come_from_the_driver(gpu):
 
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_handwritten_small_shapes_match_the_reference(name, worker, gpu):
-    from search.handwritten import handwritten
-    from search.suite import load_program, small_instance
+    from search import handwritten, load_program, small_instance
 
     program = small_instance(load_program(name))
     structure = handwritten(program)
@@ -67,7 +66,7 @@ def test_handwritten_small_shapes_match_the_reference(name, worker, gpu):
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_paper_shapes_match_and_are_timed_against_cupy(name, worker, gpu):
     from kernels import measure_program
-    from search.suite import load_program
+    from search import load_program
 
     m = measure_program(load_program(name), device=gpu, timing={"budget_s": 0.3}, worker=worker)
     assert m.status == "ok", (name, m.message)
@@ -80,9 +79,7 @@ def test_paper_shapes_match_and_are_timed_against_cupy(name, worker, gpu):
 @pytest.mark.parametrize("name", [p for p in PROGRAMS if p != "qknorm_gqa"])
 def test_search_winner_runs_on_the_gpu(name, worker, gpu):
     from cluster import LocalExecutor, search_program
-    from search.enumerate import Limits
-    from search.serialize import from_obj
-    from search.suite import load_program, small_instance
+    from search import Limits, from_obj, load_program, small_instance
 
     program = small_instance(load_program(name))
     res = search_program(program, Limits(max_block_inputs=4), executor=LocalExecutor())
@@ -93,8 +90,7 @@ def test_search_winner_runs_on_the_gpu(name, worker, gpu):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_storage_dtypes_round_trip_through_a_kernel(dtype, worker, gpu):
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = replace(load_program("softmax_rows", {"rows": 64, "cols": 256}), dtype=dtype)
     res = gpu.build(handwritten(program), None, name=f"d_{dtype}", worker=worker)
@@ -103,8 +99,7 @@ def test_storage_dtypes_round_trip_through_a_kernel(dtype, worker, gpu):
 
 
 def test_grid_barrier_joins_the_phases_of_a_split_row(worker, gpu):
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = load_program("softmax_rows", {"rows": 8, "cols": 4096})
     res = gpu.build(handwritten(program), {"split": 4}, name="barrier", worker=worker)
@@ -114,8 +109,7 @@ def test_grid_barrier_joins_the_phases_of_a_split_row(worker, gpu):
 
 
 def test_multi_warp_rows_sum_by_shuffles_and_shared_memory(worker, gpu):
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = load_program("softmax_rows", {"rows": 16, "cols": 2048})
     res = gpu.build(handwritten(program), {"lanes": 256, "split": 1}, name="warps", worker=worker)
@@ -124,8 +118,7 @@ def test_multi_warp_rows_sum_by_shuffles_and_shared_memory(worker, gpu):
 
 
 def test_a_tuning_trial_on_cuda_is_checked_and_timed(worker, gpu):
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = load_program("rmsnorm_matmul", {"X": (16, 1024), "W": (1024, 1024)})
     structure = handwritten(program)
@@ -136,8 +129,7 @@ def test_a_tuning_trial_on_cuda_is_checked_and_timed(worker, gpu):
 
 def test_a_faulting_kernel_is_a_runtime_error_and_the_worker_lives_on(worker, gpu):
     from kernels import lower, render, run_isolated
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = load_program("softmax_rows", {"rows": 64, "cols": 256})
     plan = lower(handwritten(program), None, "H100", "fault")
@@ -157,8 +149,7 @@ def test_a_faulting_kernel_is_a_runtime_error_and_the_worker_lives_on(worker, gp
 def test_tiles_moved_to_global_memory_match_the_reference(name, worker, gpu):
     """smem_kb=0 puts every tile in the workspace: a row sum stored by one lane is read by the
     others after the barrier (nvcc once hoisted that load above it: wrong_result)."""
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = load_program(name)
     structure = handwritten(program)
@@ -169,7 +160,7 @@ def test_tiles_moved_to_global_memory_match_the_reference(name, worker, gpu):
 
 
 def test_the_op_by_op_baseline_is_timed_with_cupy(worker, gpu):
-    from search.suite import load_program
+    from search import load_program
 
     seconds = gpu.time_baseline(load_program("rmsnorm_matmul").build(), worker=worker)
     assert seconds is not None and 0 < seconds < 1.0
@@ -181,8 +172,7 @@ def test_a_loaded_kernel_takes_host_arrays_and_returns_its_storage_dtype(worker,
 
     from kernels import random_inputs, tolerance
     from kernels.devices import reference
-    from search.handwritten import handwritten
-    from search.suite import load_program
+    from search import handwritten, load_program
 
     program = load_program("rmsnorm_matmul", {"X": (16, 256), "W": (256, 256)})
     plan = gpu.lower(handwritten(program), None, "loaded")

@@ -12,20 +12,23 @@ from pathlib import Path
 import pytest
 
 from search import (
+    HANDWRITTEN,
     BlockGraph,
     GraphFormatError,
     KernelGraph,
     ShapeError,
     SymDim,
+    builtin_names,
     from_json,
+    from_obj,
+    load_program,
     new_block_graph,
     new_kernel_graph,
+    small_instance,
     structural_hash,
     to_json,
+    to_obj,
 )
-from search.handwritten import HANDWRITTEN
-from search.serialize import from_obj, to_obj
-from search.suite import builtin_names, load_program, small_instance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -324,7 +327,7 @@ def test_unbound_symbols_are_errors():
     (bg,) = partial.block_graphs()
     with pytest.raises(ShapeError, match=r"unbound symbols \['F'\]"):
         bg.concrete_grid()
-    from search.dims import bind_dim
+    from search import bind_dim
 
     with pytest.raises(ShapeError, match="symbol 'F' is not bound"):
         bind_dim(SymDim(1024, (), ("F",)), {"g0": 2})
@@ -462,9 +465,9 @@ def test_hash_sees_every_fact():
 
 
 _HASH_SCRIPT = """
-from search.handwritten import HANDWRITTEN
-from search.serialize import structural_hash
-from search.suite import builtin_names, load_program
+from search import HANDWRITTEN
+from search import structural_hash
+from search import builtin_names, load_program
 for name in builtin_names():
     p = load_program(name)
     print(name, structural_hash(p.build()), structural_hash(HANDWRITTEN[name](p)))
@@ -579,7 +582,7 @@ def test_block_graph_class_is_exported():
 
 
 def test_docs_op_table_matches_the_op_table():
-    from search.ops import OPS
+    from search import OPS
 
     rows = []
     for op in OPS.values():
@@ -591,3 +594,14 @@ def test_docs_op_table_matches_the_op_table():
     documented = [ln for ln in doc.splitlines() if ln.startswith("| `")
                   and ln.split("`")[1] in OPS and ln.count("|") == 7]
     assert documented == rows
+
+
+def test_the_op_sets_are_read_from_the_op_table():
+    import search as s
+
+    assert set(s.UNARY_OPS) | set(s.BINARY_OPS) | {"mul_scalar"} == s.ELEMENTWISE_OPS
+    assert set(s.BINARY_OPS) == {"add", "sub", "mul", "div"}
+    assert s.ROW_REDUCTIONS == {"sum", "mean", "rms_norm"}
+    assert all(s.OPS[n].elementwise for n in s.ELEMENTWISE_OPS)
+    assert set(s.EGG_FUNCTIONS) <= set(s.OPS) and all(s.EGG_FUNCTIONS.values())
+    assert s.DTYPES == tuple(s.DTYPE_BYTES) and s.DTYPE_BYTES["float32"] == 4

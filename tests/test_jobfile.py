@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support import MALFORMED
 
-from search.enumerate import Limits
+from search import Limits
 from tuner.jobfile import JobError, JobSpec, load_job, parse_job
 
 ROOT = Path(__file__).resolve().parent.parent

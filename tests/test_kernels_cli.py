@@ -22,10 +22,7 @@ from kernels import (
     run_isolated,
 )
 from kernels.devices import launches
-from search import structural_hash, to_json
-from search.handwritten import handwritten
-from search.serialize import to_obj
-from search.suite import load_program
+from search import handwritten, load_program, structural_hash, to_json, to_obj
 from tuner.cli import main
 
 SMALL_SOFTMAX = ["softmax_rows", "--set", "rows=64", "--set", "cols=128"]
@@ -120,7 +117,7 @@ def test_codegen_structure_file_best_and_hash(capsys, tmp_path):
 def test_best_is_the_reference_when_it_beats_every_searched_structure(capsys, tmp_path):
     from support import mha_structure
 
-    from search.serialize import from_obj
+    from search import from_obj
 
     # mha's structure with the grid over V's columns: every block recomputes Q·K and exp
     slow = from_obj(mha_structure("columns", heads=4, rows=16, dim=64, seq=512))

@@ -16,9 +16,8 @@ import pytest
 from support import build_cpu
 
 from kernels import IsolatedWorker, compile_cpp, lower, render
-from kernels.rendering._cpp_prelude import EXP_F
-from search.handwritten import handwritten
-from search.suite import load_program
+from kernels.rendering import EXP_F
+from search import handwritten, load_program
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +79,7 @@ def test_streamed_output_rows_match_whatever_their_alignment(rows, cols, worker)
     """Rows of 40 or 1000 floats start off 64-byte lines, so the head and tail of the
     streamed copy are ordinary stores; 20000 exceeds the row buffer limit (no streaming).
     ``stream=1`` asks for streaming whatever the cache sizes."""
-    from kernels.lowering._schedule import STREAM_ROW_MAX
+    from kernels.lowering import STREAM_ROW_MAX
 
     res = build_cpu(softmax(rows, cols), {"stream": 1}, name="softmax_rows", worker=worker)
     assert res.status == "ok", res.message

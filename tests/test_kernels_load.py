@@ -8,8 +8,7 @@ import pytest
 
 from kernels import get_device, random_inputs
 from kernels.devices import reference
-from search.handwritten import handwritten
-from search.suite import load_program
+from search import handwritten, load_program
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,7 @@ from kernels.lowering import (
     plan_shared,
 )
 from kernels.rendering import CppDialect
-from search import ShapeError
-from search.handwritten import handwritten
-from search.suite import builtin_names, load_program, small_instance
+from search import ShapeError, builtin_names, handwritten, load_program, small_instance
 from verifier import FloatArith, run
 
 
@@ -209,7 +207,7 @@ QKNORM_WINNER = {"format": "tuner.mugraph/1", "ops": [
 def test_shared_memory_is_reused_only_between_buffers_never_live_together(device, worker):
     """Loops run before the for-loop, then every iteration, then after it, whatever the op
     order: a tile made before the loop and read in every iteration is live across all of it."""
-    from search.serialize import from_obj
+    from search import from_obj
 
     g = from_obj(QKNORM_WINNER)
     plan = lower(g, {"g0": 2, "F": 4}, device)
@@ -439,3 +437,12 @@ def test_measure_covers_multi_kernel_plans(worker):
     m = measure_program(program, config={"g0": 8, "split": 2, "vpack": 1}, worker=worker,
                         timing={"budget_s": 0.05, "min_repeats": 3})
     assert m.status == "ok" and m.kernels == 2  # kernel split, still correct
+
+
+def test_every_elementwise_op_of_the_table_has_a_rendering():
+    from kernels.lowering import ROW_OPS
+    from kernels.rendering import BINARY, UNARY
+    from search import ELEMENTWISE_OPS, ROW_REDUCTIONS
+
+    assert ELEMENTWISE_OPS <= set(UNARY) | set(BINARY) | {"mul_scalar"}
+    assert ROW_OPS == {"input", "output", "accum"} | ELEMENTWISE_OPS | ROW_REDUCTIONS

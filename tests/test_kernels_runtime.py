@@ -30,7 +30,7 @@ from kernels import (
     run_isolated,
 )
 from kernels import hardware as devices
-from kernels.devices._compile import normalize_arch
+from kernels.devices import normalize_arch
 
 N = 1 << 16
 ADD = r"""

@@ -20,10 +20,7 @@ from support import build_cpu, small_config
 
 from cluster import LocalExecutor, search_program
 from kernels import default_config, get_spec, lower, nvcc_available, nvcc_check, render
-from search import KernelGraph
-from search.enumerate import Limits
-from search.serialize import from_obj
-from search.suite import SUITE, load_program, small_instance
+from search import SUITE, KernelGraph, Limits, from_obj, load_program, small_instance
 
 SLOW = {"qknorm_gqa"}  # searches measured well over 60 s at small shapes here
 RUN_SLOW = os.environ.get("TUNER_SLOW_TESTS") == "1"

@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from search import new_kernel_graph, structural_hash
-from search.lang import ProgramError, load_program_file, parse_program
-from search.suite import builtin_names, builtin_program, load_program
+from search import (
+    ProgramError,
+    builtin_names,
+    builtin_program,
+    load_program,
+    load_program_file,
+    new_kernel_graph,
+    parse_program,
+    structural_hash,
+)
 
 # Output shapes of the built-ins at their default sizes (../shared/docs/benchmarks.md).
 BUILTIN_OUTPUTS = {

@@ -168,7 +168,7 @@ def test_launch_sqlite_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
 def test_a_structure_is_stored_with_the_verification_the_search_ran() -> None:
     """The provenance stored with a structure is what the search did (no literals): running
     the check it describes (tests, instance shapes, symbol binding) verifies it again."""
-    from search.handwritten import handwritten
+    from search import handwritten
     from tuner.launch import VERIFY_TESTS, small_instance_shapes, structure_verification
 
     program = tuner.load_program("rmsnorm_matmul", {"X": (16, 256), "W": (256, 256)})
@@ -403,10 +403,9 @@ def test_a_cpu_slot_times_with_the_drivers_threads() -> None:
     kernels and the numpy baseline with the cores the launching process would use."""
     import ray
 
-    from cluster import SlotPool, start_ray, stop_ray
+    from cluster import SlotPool, TrialRequest, start_ray, stop_ray
     from kernels import run_isolated
-    from search.serialize import to_obj
-    from search.suite import load_program
+    from search import load_program, to_obj
 
     want = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())
     started = start_ray(1)
@@ -418,9 +417,9 @@ def test_a_cpu_slot_times_with_the_drivers_threads() -> None:
             lambda slot: run_isolated(probe, 60, slot.worker)))
         assert res.ok and res.payload["outputs"][0][0] == want
         reference = load_program("softmax_rows", {"rows": 64, "cols": 64}).build()
-        pool.submit("baseline", {"reference": to_obj(reference), "tag": "b"})
+        pool.submit("baseline", TrialRequest(to_obj(reference), tag="b"))
         done = pool.next_done()
-        assert done["status"] == "ok" and done["baseline_s"] > 0
+        assert done.tag == "b" and done.status == "ok" and done.baseline_s > 0
     finally:
         if pool is not None:
             pool.close()

@@ -16,11 +16,9 @@ import pytest
 from support import mha_structure
 
 import db
-from cluster import LocalExecutor, ReplayPool, search_program
+from cluster import LocalExecutor, ReplayPool, TrialRequest, search_program
 from kernels import config_space, estimate, legal, local_cpu_spec
-from search.handwritten import handwritten
-from search.serialize import to_obj
-from search.suite import load_program
+from search import handwritten, load_program, to_obj
 from tuner.cached import program_key
 from tuner.jobfile import TuningSpec
 from tuner.tune import Codec, StudyRunner, StudyTask, warm_start
@@ -72,7 +70,7 @@ def test_estimate_charges_a_grid_too_small_to_fill_the_device() -> None:
 @pytest.mark.parametrize("device", ["cpu", "H100"])
 def test_structures_are_ranked_by_the_estimate_of_their_default(device) -> None:
     from kernels import rank_structures
-    from search.serialize import from_obj
+    from search import from_obj
 
     columns, heads = from_obj(mha_structure("columns")), from_obj(mha_structure("heads"))
     assert estimate(columns, None, device).flops > estimate(heads, None, device).flops
@@ -101,8 +99,8 @@ class CountingReplay(ReplayPool):
         super().__init__(*args, **kwargs)
         self.measured: list[dict] = []
 
-    def submit(self, method: str, request: dict) -> None:
-        self.measured.append(request["config"])
+    def submit(self, method, request) -> None:
+        self.measured.append(dict(TrialRequest.of(request).config))
         super().submit(method, request)
 
 
@@ -272,3 +270,27 @@ def test_memory_level_is_a_gpu_choice_that_lowers_and_runs() -> None:
     assert Level.REGIONAL in levels[48] and Level.REGIONAL not in levels[0]
     if smem:
         assert smem[0] < smem[48]
+
+
+def test_a_replay_pool_answers_typed_requests_with_typed_results() -> None:
+    from cluster import TrialResult
+
+    program = load_program("softmax_rows", {"rows": 8, "cols": 16})
+    config = {"g0": 2, "split": 1}
+    recorded = {"status": "ok", "median_s": 2e-5, "config": config, "passes": 3}
+    pool = ReplayPool({db.config_hash(config): recorded}, db.config_hash, "cpu:replay",
+                      local_cpu_spec(), baseline_s=1e-4)
+    reference, structure = to_obj(program.build()), to_obj(handwritten(program))
+    pool.submit("trial", TrialRequest(reference, structure, config, tag=7))
+    res = pool.next_done()
+    assert isinstance(res, TrialResult) and res.tag == 7 and res.median_s == 2e-5
+    assert res.extra == {"passes": 3} and res["passes"] == 3 and res.get("source") is None
+    pool.submit("trial", {"reference": reference, "structure": structure, "config": {"g0": 4}})
+    assert pool.next_done().status == "invalid"  # not in the table
+    pool.submit("baseline", TrialRequest(reference, tag="b"))
+    base = pool.next_done()
+    assert (base.tag, base.status, base.baseline_s) == ("b", "ok", 1e-4)
+    assert pool.next_done() is None
+    with pytest.raises(TypeError):
+        TrialRequest.of({"reference": reference, "bogus": 1})
+    pool.close()

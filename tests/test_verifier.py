@@ -11,11 +11,20 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from search import GraphFormatError, KernelGraph, ShapeError, new_block_graph, new_kernel_graph
-from search.handwritten import HANDWRITTEN
-from search.lang import Program
-from search.serialize import from_obj, to_obj
-from search.suite import builtin_names, load_program, small_instance
+from search import (
+    HANDWRITTEN,
+    GraphFormatError,
+    KernelGraph,
+    Program,
+    ShapeError,
+    builtin_names,
+    from_obj,
+    load_program,
+    new_block_graph,
+    new_kernel_graph,
+    small_instance,
+    to_obj,
+)
 from verifier import P, Q, equivalent
 
 ARITHMETICS = ("field", "float")

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import db
+from cluster import MeasurementPool, TrialRequest, TrialResult
 from kernels import ConfigSpace, DeviceSpec, estimate
 from search import KernelGraph
 
@@ -130,9 +131,9 @@ class StudyRunner:
     """Runs studies on one device's slot pool against one database."""
 
     def __init__(self, database: db.Database, storage: Any, make_sampler: Callable[[], Any],
-                 pool: Any, *, trials: int, seed: int = 0, deadline: float | None = None,
-                 timing: dict | None = None, timeout_s: float = 60.0,
-                 on_trial: Callable[[StudyTask, dict], None] | None = None,
+                 pool: MeasurementPool, *, trials: int, seed: int = 0,
+                 deadline: float | None = None, timing: dict | None = None, timeout_s: float = 60.0,
+                 on_trial: Callable[[StudyTask, TrialResult], None] | None = None,
                  ordinal: bool = True) -> None:
         self.db, self.storage, self.make_sampler, self.pool = database, storage, make_sampler, pool
         self.trials, self.seed, self.deadline = trials, seed, deadline
@@ -182,8 +183,7 @@ class StudyRunner:
             if not inflight:
                 break
             res = self.pool.next_done()
-            number = res["tag"]
-            trial, config, _ = inflight.pop(number)
+            trial, config, _ = inflight.pop(res.tag)
             self._store(task, trial, config, res, known, out, study, optuna)
         if not self.past_deadline():
             study.set_user_attr("finished_for_trials", self.trials)  # more trials reopen it
@@ -226,34 +226,33 @@ class StudyRunner:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return
         trial.set_user_attr("roofline_s", est.seconds)
-        request = {"tag": trial.number, "structure": task.structure_obj,
-                   "reference": task.reference_obj, "config": config, "seed": self.seed,
-                   "timing": self.timing, "timeout_s": self.timeout_s}
+        request = TrialRequest(task.reference_obj, task.structure_obj, config, trial.number,
+                               self.seed, self.timing, self.timeout_s)
         inflight[trial.number] = (trial, config, chash)
         self._estimates[trial.number] = est.seconds
         self.pool.submit("trial", request)
 
     # -- one result -----------------------------------------------------------------------
 
-    def _store(self, task: StudyTask, trial: Any, config: dict, res: dict, known: dict,
+    def _store(self, task: StudyTask, trial: Any, config: dict, res: TrialResult, known: dict,
                out: StudyOutcome, study: Any, optuna: Any) -> None:
-        status = res["status"]
+        status = res.status
         if status not in MEASURED:  # did not lower: nothing was built or measured
             out.invalid += 1
-            trial.set_user_attr("invalid", str(res.get("message", ""))[:500])
+            trial.set_user_attr("invalid", str(res.message or "")[:500])
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return
         trial_id = self.db.record_trial(task.structure_id, task.device_key, config,
                                         task.study_name, trial.number)
         ok = status == "ok"
         mid = self.db.record_measurement(
-            trial_id, status, median_s=res.get("median_s") if ok else None,
-            spread_s=res.get("spread_s") if ok else None,
-            samples=res.get("samples") if ok else None, max_error=res.get("max_error"),
-            message=res.get("message") or None, host=res.get("host"))
-        if ok and res.get("source"):
-            self.db.update_best(mid, res["source"], task.baseline_s)
-        known[db.config_hash(config)] = (status, res.get("median_s"))
+            trial_id, status, median_s=res.median_s if ok else None,
+            spread_s=res.spread_s if ok else None,
+            samples=res.samples if ok else None, max_error=res.max_error,
+            message=res.message or None, host=res.host)
+        if ok and res.source:
+            self.db.update_best(mid, res.source, task.baseline_s)
+        known[db.config_hash(config)] = (status, res.median_s)
         out.measured += 1
         out.new += 1
         out.statuses[status] += 1
@@ -261,13 +260,13 @@ class StudyRunner:
         if ok:
             est = self._estimates.pop(trial.number, None)
             if est:  # calibrate the bound: small working sets beat the DRAM roofline
-                ratio = res["median_s"] / est
+                ratio = res.median_s / est
                 out.efficiency = ratio if out.efficiency is None else min(out.efficiency, ratio)
-            if out.best_s is None or res["median_s"] < out.best_s:
-                out.best_s = res["median_s"]
-            study.tell(trial, res["median_s"])
+            if out.best_s is None or res.median_s < out.best_s:
+                out.best_s = res.median_s
+            study.tell(trial, res.median_s)
         else:
-            trial.set_user_attr("message", str(res.get("message", ""))[:500])
+            trial.set_user_attr("message", str(res.message or "")[:500])
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         if self.on_trial:
             self.on_trial(task, res)

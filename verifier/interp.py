@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from search import BlockGraph, KernelGraph, ShapeError
+from search import BINARY_OPS, UNARY_OPS, BlockGraph, KernelGraph, ShapeError
 
 from .arith import Arithmetic
 
@@ -23,9 +23,9 @@ def _compute(kind: str, attrs: dict, args: list[np.ndarray], ranks: list[int],
              ar: Arithmetic) -> np.ndarray:
     """The meaning of every compute op of the op table, once, in terms of the arithmetic."""
     a = args[0]
-    if kind in ("add", "sub", "mul", "div", "matmul"):
+    if kind in BINARY_OPS or kind == "matmul":
         return getattr(ar, kind)(a, args[1])
-    if kind in ("exp", "square", "sqrt", "silu", "sigmoid", "gelu", "relu"):
+    if kind in UNARY_OPS:
         return getattr(ar, kind)(a)
     if kind == "mul_scalar":
         return ar.scale(a, attrs["scalar"])

@@ -159,10 +159,6 @@ class NvccReport:
     def any_spills(self) -> bool:
         return any(k.spills for k in self.kernels.values())
 
-    @property
-    def max_smem_bytes(self) -> int:
-        return max((k.smem_bytes for k in self.kernels.values()), default=0)
-
 
 def find_nvcc() -> str | None:
     """nvcc on PATH, else under $CUDA_HOME or /usr/local/cuda."""

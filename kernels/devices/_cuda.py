@@ -24,8 +24,7 @@ import numpy as np
 
 from kernels.hardware import DeviceSpec, cuda_available, cuda_device_spec, device_key
 from kernels.lowering import KernelPlan
-from search import KernelGraph
-from search.serialize import from_obj, to_obj
+from search import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution
@@ -210,7 +209,7 @@ class EventClock:
 # ---------------------------------------------------------------- worker side
 
 
-def _cupy_arith(cp: Any) -> Any:
+def cupy_arith(cp: Any) -> Any:
     """The float interpreter's arithmetic over CuPy arrays (the op-by-op GPU baseline)."""
     class CupyArith(FloatArith):
         name = "cupy"
@@ -309,5 +308,5 @@ def baseline_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dic
 
 
 def _time_reference(cp: Any, graph_obj: dict, xs: list, timing: dict) -> dict:
-    graph, arith = from_obj(graph_obj), _cupy_arith(cp)
+    graph, arith = from_obj(graph_obj), cupy_arith(cp)
     return measure(lambda: run(graph, xs, arith), clock=EventClock(cp), **timing).as_dict()

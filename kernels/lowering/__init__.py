@@ -14,6 +14,7 @@ one-op block graphs).
 from ._lower import concretize, lower, resolve_spec
 from ._mapping import (
     KNOBS,
+    ROW_OPS,
     astitch_rule,
     blocks_per_wave,
     default_config,
@@ -40,7 +41,7 @@ from ._schedule import STREAM_ROW_MAX, STREAM_ROW_MIN
 from ._stitch import plan_shared
 
 __all__ = [
-    "KNOBS", "STREAM_ROW_MAX", "STREAM_ROW_MIN", "Access", "Buffer", "Kernel", "KernelPlan", "Let", "Level", "Loop", "Mapping",
+    "KNOBS", "ROW_OPS", "STREAM_ROW_MAX", "STREAM_ROW_MIN", "Access", "Buffer", "Kernel", "KernelPlan", "Let", "Level", "Loop", "Mapping",
     "Phase", "RowReduce", "Store", "View", "astitch_rule", "blocks_per_wave", "concretize",
     "default_config", "divisibility_constraints", "divisors", "is_row_form", "lower",
     "plan_shared", "resolve_spec", "split_config",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from kernels.hardware import DeviceSpec
-from search import BlockGraph, KernelGraph, ShapeError
+from search import ELEMENTWISE_OPS, ROW_REDUCTIONS, BlockGraph, KernelGraph, ShapeError
 
 # Config keys that are not structure symbols.  smem_kb: the shared-memory budget of a block in
 # KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.
@@ -29,9 +29,8 @@ ZERO_OK = ("smem_kb", "tile_rows", "stream")  # knobs for which 0 means "none" /
 LONG_ROW = 1024  # AStitch: rows longer than this are worth splitting across blocks
 ELEMS_PER_THREAD = 4  # a thread handles about this many elements of a long row
 CPU_TILE_ELEMS = 8192  # CPU: elements per block tile (32 KiB of floats: L1/L2 resident)
-ROW_OPS = frozenset({"input", "output", "accum", "sum", "mean", "rms_norm", "add", "sub", "mul",
-                     "div", "exp", "square", "sqrt", "silu", "sigmoid", "gelu", "relu",
-                     "mul_scalar"})
+# ops a row-reduction kernel is made of (no matmul): the rule applies to its block graphs
+ROW_OPS = frozenset({"input", "output", "accum"}) | ELEMENTWISE_OPS | ROW_REDUCTIONS
 
 
 @dataclass(frozen=True)

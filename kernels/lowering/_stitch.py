@@ -17,12 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from search import BlockGraph
+from search import ELEMENTWISE_OPS, BlockGraph
 
 from ._plan import Access, Buffer, Level, Loop, Phase
 
-ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "exp", "square", "sqrt", "silu", "sigmoid",
-                         "gelu", "relu", "mul_scalar"})
 ALIGN = 16  # bytes: shared-memory buffers start on float4 boundaries
 
 
@@ -105,7 +103,7 @@ def expand(bg: BlockGraph) -> tuple[list[IOp], dict[str, tuple[int, ...]], dict[
             return to
 
         row = (*xs[:-1], 1)
-        if op.kind in ELEMENTWISE or op.kind == "matmul":
+        if op.kind in ELEMENTWISE_OPS or op.kind == "matmul":
             emit(op.kind, tuple(f"t{i}" for i in op.inputs), out, **dict(op.attrs))
         elif op.kind in ("sum", "mean"):
             d = op.attrs["dim"]

@@ -8,8 +8,9 @@ from the plan; a dialect only knows how to say it.
 """
 
 from ._cpp import CppDialect
-from ._cstyle import CStyle
+from ._cpp_prelude import EXP_F
+from ._cstyle import BINARY, UNARY, CStyle
 from ._cuda import CudaDialect
 from ._render import DIALECTS, render
 
-__all__ = ["DIALECTS", "CStyle", "CppDialect", "CudaDialect", "render"]
+__all__ = ["BINARY", "DIALECTS", "EXP_F", "UNARY", "CStyle", "CppDialect", "CudaDialect", "render"]

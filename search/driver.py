@@ -1,11 +1,13 @@
-"""The search, sharded over Ray: plan shards, run and verify them on workers, rank results.
+"""The deepening search driver: plan shards, hand them to an executor, collect the results.
 
 The driver deepens each block configuration one op count at a time and stops it at the
 first count that yields a verified structure (the smallest block graphs of that
 configuration); it deepens the number of kernels the same way.  Every unit of work is a
-``Shard`` with a stable id, run by a Ray task that retries when its worker dies; results are
-keyed by shard id, so a retried shard is recorded once and the verified set does not depend
-on how many workers ran it.
+``Shard`` with a stable id, run by whatever ``Executor`` the caller passes (in this process,
+or Ray tasks that retry when their worker dies: ``cluster``); results are keyed by shard id,
+so a retried shard is recorded once and the verified set does not depend on how many workers
+ran it.  Verifying a shard's candidates is the executor's task, not the driver's: this module
+imports nothing outside ``search``.
 """
 
 from __future__ import annotations
@@ -14,18 +16,57 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from search import KernelGraph, structural_hash
-from search.enumerate import Context, Limits, Shard, Stats, plan_configs, split_shard
-from search.lang import Program
-from search.serialize import from_obj, to_obj
-from search.suite import small_instance
-from verifier import DEFAULT_TESTS
-
+from .enumerate import Context, Limits, Shard, Stats, plan_configs, split_shard
+from .graph import KernelGraph
+from .lang import Program
 from .ranking import describe, rank
-from .runtime import Executor, make_executor
-from .search_tasks import ShardResult
+from .serialize import from_obj, structural_hash, to_obj
+from .suite import small_instance
+
+
+class Executor(Protocol):
+    """Runs shards: ``submit`` one with the search's payload, ``next_result`` returns a
+    finished one's ``ShardResult`` (blocking; None when nothing is in flight)."""
+
+    workers: int
+
+    def submit(self, shard: Shard, payload: dict) -> None: ...
+    def next_result(self) -> ShardResult | None: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class ShardResult:
+    """What the executor's task returns for one shard: its statistics and the structures it
+    verified (by structural hash), which the driver merges."""
+
+    shard_id: str
+    config_id: str
+    stats: Stats
+    verified: dict[str, dict]  # hash → canonical µGraph JSON object
+    checked: int = 0
+    rejected: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """Whether the shard ran to its end (a shard cut by the deadline must run again)."""
+        return not self.stats.timed_out
+
+    def to_json(self) -> dict:
+        """A JSON object for the database, so a resumed job skips this shard."""
+        return {"shard_id": self.shard_id, "config_id": self.config_id,
+                "stats": asdict(self.stats), "verified": self.verified,
+                "checked": self.checked, "rejected": self.rejected,
+                "elapsed_s": self.elapsed_s}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> ShardResult:
+        return cls(obj["shard_id"], obj["config_id"], Stats(**obj["stats"]),
+                   dict(obj["verified"]), obj["checked"], obj["rejected"], obj["elapsed_s"])
+
 
 SPLIT_FROM_OPS = 7  # with several workers, shards of this many block ops or more are split
 
@@ -71,17 +112,19 @@ def _limits_dict(limits: Limits) -> dict:
     return d
 
 
-def search_program(program: Program, limits: Limits | None = None, *, workers: int = 1,
-                   address: str | None = None, time_limit_s: float | None = None,
-                   tests: int = DEFAULT_TESTS, executor: Executor | None = None,
-                   on_progress: Callable[[dict], None] | None = None,
-                   done: Mapping[str, ShardResult] | None = None,
-                   on_shard: Callable[[ShardResult], None] | None = None) -> SearchResult:
-    """Search ``program`` for verified structures; ranks them (fewest kernels first).
+def run_search(program: Program, limits: Limits | None, executor: Executor, *,
+               time_limit_s: float | None = None, tests: int | None = None,
+               on_progress: Callable[[dict], None] | None = None,
+               done: Mapping[str, ShardResult] | None = None,
+               on_shard: Callable[[ShardResult], None] | None = None) -> SearchResult:
+    """Search ``program`` for verified structures on ``executor``; ranks them (fewest kernels
+    first).  The caller owns the executor (this does not close it).
 
-    ``done`` holds shards finished by an earlier, interrupted run (by shard id): they are not
-    run again, their results count as if they had just arrived.  ``on_shard`` sees every shard
-    this call runs, as it arrives, so a caller can save it before the next one finishes.
+    ``tests``: random tests per candidate, passed to the shard task in the payload (None: the
+    task's default).  ``done`` holds shards finished by an earlier, interrupted run (by shard
+    id): they are not run again, their results count as if they had just arrived.
+    ``on_shard`` sees every shard this call runs, as it arrives, so a caller can save it
+    before the next one finishes.
     """
     limits = limits or Limits()
     start = time.perf_counter()
@@ -92,38 +135,32 @@ def search_program(program: Program, limits: Limits | None = None, *, workers: i
                "reference_hash": structural_hash(reference), "limits": _limits_dict(limits),
                "tests": tests,
                "deadline": time.time() + time_limit_s if time_limit_s else None}
-    own = executor is None
-    executor = executor or make_executor(workers, address)
     totals, results = Stats(), {}
     verified: dict[str, KernelGraph] = {}
     first_single: float | None = None
     checked = 0
     unfinished: list[str] = []
-    try:
-        for kernels in range(1, limits.max_kernel_ops + 1):
-            configs = plan_configs(ctx, kernels)
-            before = set(results)
-            unfinished = _deepen(ctx, configs, executor, payload, results, limits,
-                                 done or {}, on_shard)
-            found_here = False
-            for sid in sorted(set(results) - before):
-                res = results[sid]
-                totals.add(res.stats)
-                checked += res.checked
-                for h, obj in res.verified.items():
-                    if h not in verified:
-                        verified[h] = from_obj(obj)
-                        found_here = True
-            if found_here and kernels == 1 and first_single is None:
-                first_single = min(r.elapsed_s for r in results.values() if r.verified)
-            if on_progress:
-                on_progress({"states": totals.states, "verified": len(verified),
-                             "elapsed_s": time.perf_counter() - start})
-            if verified or _past(payload):
-                break
-    finally:
-        if own:
-            executor.close()
+    for kernels in range(1, limits.max_kernel_ops + 1):
+        configs = plan_configs(ctx, kernels)
+        before = set(results)
+        unfinished = _deepen(ctx, configs, executor, payload, results, limits,
+                             done or {}, on_shard)
+        found_here = False
+        for sid in sorted(set(results) - before):
+            res = results[sid]
+            totals.add(res.stats)
+            checked += res.checked
+            for h, obj in res.verified.items():
+                if h not in verified:
+                    verified[h] = from_obj(obj)
+                    found_here = True
+        if found_here and kernels == 1 and first_single is None:
+            first_single = min(r.elapsed_s for r in results.values() if r.verified)
+        if on_progress:
+            on_progress({"states": totals.states, "verified": len(verified),
+                         "elapsed_s": time.perf_counter() - start})
+        if verified or _past(payload):
+            break
     totals.timed_out |= _past(payload)
     structures = rank([describe(h, g) for h, g in verified.items()])
     sat = ctx.target

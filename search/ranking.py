@@ -11,14 +11,12 @@ symbols.
 
 from __future__ import annotations
 
-from search import KernelGraph
-from search.dims import SymDim
-from search.serialize import to_obj
+from .dims import SymDim
+from .graph import KernelGraph
+from .ops import DTYPE_BYTES
+from .serialize import to_obj
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 NOMINAL = 16.0
-
-
 MIN_PART = 64
 
 

@@ -1,0 +1,37 @@
+"""The search, sharded: ``search.run_search`` on an executor of this package.
+
+The deepening driver and the device-free ranking live in ``search`` (``search.driver``,
+``search.ranking``); what this adds is where the shards run (``runtime``: in this process or
+as Ray tasks) and what a shard is (``search_tasks.run_and_verify``: enumerate, then verify in
+the finite field).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from search import Limits, Program, SearchResult, ShardResult, run_search
+from verifier import DEFAULT_TESTS
+
+from .runtime import Executor, make_executor
+
+
+def search_program(program: Program, limits: Limits | None = None, *, workers: int = 1,
+                   address: str | None = None, time_limit_s: float | None = None,
+                   tests: int = DEFAULT_TESTS, executor: Executor | None = None,
+                   on_progress: Callable[[dict], None] | None = None,
+                   done: Mapping[str, ShardResult] | None = None,
+                   on_shard: Callable[[ShardResult], None] | None = None) -> SearchResult:
+    """Search ``program`` for verified structures; ranks them (fewest kernels first).
+
+    Without ``executor``, one is made (Ray with ``workers`` CPUs, or joined at ``address``)
+    and closed at the end.  ``done`` and ``on_shard``: see ``search.run_search``.
+    """
+    own = executor is None
+    executor = executor or make_executor(workers, address)
+    try:
+        return run_search(program, limits, executor, time_limit_s=time_limit_s, tests=tests,
+                          on_progress=on_progress, done=done, on_shard=on_shard)
+    finally:
+        if own:
+            executor.close()
