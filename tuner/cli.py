@@ -13,7 +13,8 @@ from importlib import import_module
 
 from . import api
 
-COMMAND_MODULES = ("tuner.cmd_search", "tuner.cmd_kernels", "tuner.cmd_launch")
+COMMAND_MODULES = ("tuner.cmd_search", "tuner.cmd_kernels", "tuner.cmd_launch",
+                   "tuner.dashboard.cli")
 
 
 def cmd_programs(args: argparse.Namespace) -> int:

@@ -1,0 +1,519 @@
+"""What the dashboard reads, as aggregated SQL on the tuner tables, through a read-only engine.
+
+The dashboard never writes: on SQLite every connection sets ``PRAGMA query_only``, on
+PostgreSQL every session is ``READ ONLY``, and no query here is anything but a SELECT.  The
+tables are declared here by name and column (``sqlalchemy.table``), the schema being the
+contract, so that this module depends on the migrations, not on ``db``'s internals.
+
+Everything that grows with the number of measurements is aggregated in SQL (counts grouped by
+program × device × status) or reduced there before it reaches Python: the best-so-far curve is
+only the measurements that beat every earlier one (a window function), and the scatter is
+thinned to at most ``SCATTER_POINTS`` rows by row number.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    Engine,
+    Float,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    create_engine,
+    event,
+    func,
+    literal_column,
+    or_,
+    select,
+    table,
+    text,
+)
+from sqlalchemy.exc import NoSuchTableError, OperationalError, ProgrammingError
+from sqlalchemy.pool import StaticPool
+
+import db
+
+SCATTER_POINTS = 1500
+FAILURES_PAGE = 200
+
+programs_t = table(
+    "tuner_programs", column("id", Integer), column("program_hash", String),
+    column("shapes_key", String), column("dtype", String), column("name", String),
+    column("graph_json", Text), column("created_at", DateTime))
+jobs_t = table(
+    "tuner_jobs", column("id", Integer), column("job_key", String), column("job_path", Text),
+    column("status", String), column("attempts", Integer), column("started_at", DateTime),
+    column("finished_at", DateTime), column("timings_json", Text))
+shards_t = table(
+    "tuner_search_shards", column("id", Integer), column("job_id", Integer),
+    column("shard_key", String), column("status", String), column("stats_json", Text),
+    column("updated_at", DateTime))
+structures_t = table(
+    "tuner_structures", column("id", Integer), column("program_id", Integer),
+    column("structure_hash", String), column("structure_json", Text),
+    column("verification_json", Text), column("num_kernels", Integer),
+    column("bytes_moved", Integer), column("created_at", DateTime))
+trials_t = table(
+    "tuner_trials", column("id", Integer), column("structure_id", Integer),
+    column("device_key", String), column("config_hash", String), column("config_json", Text),
+    column("study_name", String), column("trial_number", Integer),
+    column("created_at", DateTime))
+meas_t = table(
+    "tuner_measurements", column("id", Integer), column("trial_id", Integer),
+    column("device_key", String), column("attempt", Integer), column("status", String),
+    column("median_s", Float), column("spread_s", Float), column("samples_json", Text),
+    column("max_error", Float), column("message", Text), column("host", String),
+    column("measured_at", DateTime))
+best_t = table(
+    "tuner_best_kernels", column("id", Integer), column("program_hash", String),
+    column("shapes_key", String), column("dtype", String), column("device_key", String),
+    column("structure_id", Integer), column("trial_id", Integer),
+    column("measurement_id", Integer), column("source", Text), column("time_s", Float),
+    column("baseline_s", Float), column("updated_at", DateTime))
+# Optuna's own tables (same database); read only for the trial states of our studies.
+studies_t = table("studies", column("study_id", Integer), column("study_name", String))
+otrials_t = table("trials", column("trial_id", Integer), column("study_id", Integer),
+                  column("state", String))
+
+M, T, S, P = meas_t.c, trials_t.c, structures_t.c, programs_t.c
+
+
+def utc(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):  # a backend that hands back text
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else \
+        value.astimezone(timezone.utc)
+
+
+def shown_url(url: Any) -> str:
+    """The database URL with its password masked: the only form a page or a log shows."""
+    return db.normalize_url(url).render_as_string(hide_password=True)
+
+
+def read_only_engine(url: Any) -> Engine:
+    """An engine that cannot write, for the database at ``url`` (which must exist and be at
+    the schema head: ``db.connect(..., migrate_schema=False)`` says what to run otherwise)."""
+    parsed = db.normalize_url(url)
+    db.connect(parsed, migrate_schema=False).close()  # SchemaError / missing file, in words
+    if parsed.get_backend_name() == "sqlite":
+        memory = parsed.database in (None, "", ":memory:")
+        engine = create_engine(parsed, connect_args={"check_same_thread": False},
+                               **({"poolclass": StaticPool} if memory else {}))
+
+        @event.listens_for(engine, "connect")
+        def _sqlite(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+            cur = dbapi_connection.cursor()
+            cur.execute(f"PRAGMA busy_timeout={30000}")
+            cur.execute("PRAGMA query_only=ON")
+            cur.close()
+    else:
+        engine = create_engine(parsed, pool_pre_ping=True)
+
+        @event.listens_for(engine, "connect")
+        def _pg(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+            cur = dbapi_connection.cursor()
+            cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            cur.close()
+            dbapi_connection.commit()
+    return engine
+
+
+# ------------------------------------------------------------------------------- records
+
+
+@dataclass
+class DeviceProgress:
+    """One program on one device key: what the tuning of it has measured so far."""
+
+    device_key: str
+    trials: int = 0  # configs measured (attempt 0)
+    timings: int = 0  # every measurement, the confirmation's re-timings included
+    statuses: dict[str, int] = field(default_factory=dict)  # attempt-0 measurements by status
+    failed: int = 0
+    first_at: datetime | None = None
+    last_at: datetime | None = None
+    best_first_s: float | None = None  # the fastest single first timing
+    best: dict | None = None  # the confirmed best kernel row
+    optuna: dict[str, int] = field(default_factory=dict)  # Optuna trial states of its studies
+
+    @property
+    def skipped(self) -> int:
+        return self.optuna.get("PRUNED", 0)
+
+    def as_dict(self) -> dict:
+        best = self.best
+        return {"device_key": self.device_key, "trials": self.trials, "timings": self.timings,
+                "statuses": self.statuses, "failed": self.failed,
+                "failed_trials": self.trials - self.statuses.get("ok", 0), "skipped": self.skipped,
+                "optuna": self.optuna, "first_at": iso(self.first_at),
+                "last_at": iso(self.last_at), "best_first_s": self.best_first_s,
+                "best": None if best is None else {
+                    k: (iso(v) if isinstance(v, datetime) else v) for k, v in best.items()}}
+
+
+@dataclass
+class ProgramRow:
+    id: int
+    name: str
+    program_hash: str
+    shapes: dict
+    dtype: str
+    structures: int = 0
+    verified: int = 0  # structures the search verified (the program as written excluded)
+    search_states: int | None = None
+    search_shards: int = 0
+    devices: dict[str, DeviceProgress] = field(default_factory=dict)
+
+    @property
+    def shapes_text(self) -> str:
+        return shapes_text(self.shapes)
+
+    @property
+    def trials(self) -> int:
+        return sum(d.trials for d in self.devices.values())
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "name": self.name, "program_hash": self.program_hash,
+                "shapes": self.shapes, "shapes_text": self.shapes_text, "dtype": self.dtype,
+                "structures": self.structures, "verified": self.verified,
+                "search_states": self.search_states, "search_shards": self.search_shards,
+                "devices": [d.as_dict() for d in self.devices.values()]}
+
+
+def iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def shapes_text(shapes: Any) -> str:
+    if isinstance(shapes, dict):
+        return " ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
+    return json.dumps(shapes)
+
+
+def loads(value: str | None) -> Any:
+    return None if value is None else json.loads(value)
+
+
+# ------------------------------------------------------------------------------- reader
+
+
+class Reader:
+    """The dashboard's queries over one read-only engine (thread-safe; one per app)."""
+
+    def __init__(self, url: Any, engine: Engine | None = None) -> None:
+        self.url = shown_url(url)
+        self.engine = engine or read_only_engine(url)
+        self._shard_stats: dict[int, tuple[int, int]] = {}  # shard id -> (states, verified)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    def jobs(self) -> list[dict]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(jobs_t).order_by(jobs_t.c.started_at.desc(),
+                                                        jobs_t.c.id.desc())).all()
+        return [self._job(r) for r in rows]
+
+    def job(self, job_id: int) -> dict | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(jobs_t).where(jobs_t.c.id == job_id)).first()
+        return None if row is None else self._job(row)
+
+    @staticmethod
+    def _job(r: Any) -> dict:
+        return {"id": r.id, "job_key": r.job_key, "job_path": r.job_path, "status": r.status,
+                "attempts": r.attempts, "started_at": utc(r.started_at),
+                "finished_at": utc(r.finished_at), "timings": loads(r.timings_json)}
+
+    def job_program_hashes(self, job_ids: list[int] | None = None) -> dict[int, list[str]]:
+        """The program-hash prefixes each job searched, from its shard keys (``HASH16/...``),
+        in the order the job reached them."""
+        stmt = select(shards_t.c.job_id, shards_t.c.shard_key).order_by(shards_t.c.id)
+        if job_ids is not None:
+            stmt = stmt.where(shards_t.c.job_id.in_(job_ids))
+        out: dict[int, list[str]] = {}
+        with self.engine.connect() as conn:
+            for job_id, key in conn.execute(stmt):
+                prefix = key.split("/", 1)[0]
+                seen = out.setdefault(job_id, [])
+                if prefix not in seen:
+                    seen.append(prefix)
+        return out
+
+    def search_stats(self, job_id: int) -> dict[str, tuple[int, int]]:
+        """Per program-hash prefix: (search states explored, shards) of the job's finished
+        shards.  A shard's stats never change once finished, so each is parsed once."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(shards_t.c.id, shards_t.c.shard_key).where(
+                shards_t.c.job_id == job_id, shards_t.c.status == "finished")).all()
+            missing = [r.id for r in rows if r.id not in self._shard_stats]
+            for i in range(0, len(missing), 500):
+                for sid, stats in conn.execute(select(shards_t.c.id, shards_t.c.stats_json)
+                                               .where(shards_t.c.id.in_(missing[i:i + 500]))):
+                    obj = loads(stats) or {}
+                    states = int((obj.get("stats") or {}).get("states", 0))
+                    with self._lock:
+                        self._shard_stats[sid] = (states, len(obj.get("verified") or {}))
+        out: dict[str, tuple[int, int]] = {}
+        for r in rows:
+            prefix = r.shard_key.split("/", 1)[0]
+            states, n = out.get(prefix, (0, 0))
+            out[prefix] = (states + self._shard_stats.get(r.id, (0, 0))[0], n + 1)
+        return out
+
+    # -- programs -------------------------------------------------------------------------
+
+    def programs(self, ids: list[int] | None = None, hashes: list[str] | None = None,
+                 optuna: bool = True) -> list[ProgramRow]:
+        """Programs (all, by id, or by program-hash prefix) with their per-device progress,
+        in four grouped queries whatever the number of measurements."""
+        stmt = select(P.id, P.name, P.program_hash, P.shapes_key, P.dtype).order_by(P.id)
+        if ids is not None:
+            stmt = stmt.where(P.id.in_(ids))
+        if hashes is not None:
+            if not hashes:
+                return []
+            stmt = stmt.where(or_(*[P.program_hash.startswith(h, autoescape=True)
+                                    for h in hashes]))
+        with self.engine.connect() as conn:
+            progs = {r.id: ProgramRow(r.id, r.name, r.program_hash, loads(r.shapes_key),
+                                      r.dtype) for r in conn.execute(stmt)}
+            if not progs:
+                return []
+            pids = list(progs)
+            for pid, n, ref in conn.execute(
+                    select(S.program_id, func.count(),
+                           func.sum(case((S.verification_json.like('%"verdict":"reference"%'),
+                                          1), else_=0)))
+                    .where(S.program_id.in_(pids)).group_by(S.program_id)):
+                progs[pid].structures, progs[pid].verified = int(n), int(n) - int(ref or 0)
+            agg = (select(S.program_id, M.device_key, M.status,
+                          func.count(), func.sum(case((M.attempt == 0, 1), else_=0)),
+                          func.min(M.measured_at), func.max(M.measured_at),
+                          func.min(case((M.attempt == 0, M.median_s), else_=None)))
+                   .select_from(meas_t.join(trials_t, T.id == M.trial_id)
+                                .join(structures_t, S.id == T.structure_id))
+                   .where(S.program_id.in_(pids))
+                   .group_by(S.program_id, M.device_key, M.status))
+            for pid, dev, status, n, firsts, first, last, fastest in conn.execute(agg):
+                d = progs[pid].devices.setdefault(dev, DeviceProgress(dev))
+                d.timings += int(n)
+                d.trials += int(firsts or 0)
+                d.statuses[status] = d.statuses.get(status, 0) + int(firsts or 0)
+                if status != "ok":
+                    d.failed += int(n)
+                first, last = utc(first), utc(last)
+                d.first_at = first if d.first_at is None else min(d.first_at, first)
+                d.last_at = last if d.last_at is None else max(d.last_at, last)
+                if status == "ok" and fastest is not None:
+                    d.best_first_s = fastest
+            by_key = {(p.program_hash, json.dumps(p.shapes, sort_keys=True,
+                                                  separators=(",", ":")), p.dtype): p
+                      for p in progs.values()}
+            best = (select(best_t.c.program_hash, best_t.c.shapes_key, best_t.c.dtype,
+                           best_t.c.device_key, best_t.c.trial_id, best_t.c.structure_id,
+                           best_t.c.time_s, best_t.c.baseline_s, best_t.c.updated_at,
+                           S.structure_hash, T.config_json)
+                    .select_from(best_t.join(structures_t, S.id == best_t.c.structure_id)
+                                 .join(trials_t, T.id == best_t.c.trial_id))
+                    .where(best_t.c.program_hash.in_({p.program_hash for p in progs.values()})))
+            for r in conn.execute(best):
+                p = by_key.get((r.program_hash, r.shapes_key, r.dtype))
+                if p is None:
+                    continue
+                d = p.devices.setdefault(r.device_key, DeviceProgress(r.device_key))
+                d.best = {"trial_id": r.trial_id, "structure_id": r.structure_id,
+                          "structure_hash": r.structure_hash, "config": loads(r.config_json),
+                          "time_s": r.time_s, "baseline_s": r.baseline_s,
+                          "speedup": (r.baseline_s / r.time_s) if r.baseline_s else None,
+                          "updated_at": utc(r.updated_at)}
+            if optuna:
+                self._optuna_states(conn, pids, progs)
+        return list(progs.values())
+
+    def _optuna_states(self, conn: Any, pids: list[int], progs: dict[int, ProgramRow]) -> None:
+        """Optuna's trial states (COMPLETE / PRUNED = skipped by the roofline / FAIL) of the
+        studies of each program × device; nothing when Optuna's tables are not there."""
+        names = select(S.program_id, T.device_key, T.study_name).distinct().select_from(
+            trials_t.join(structures_t, S.id == T.structure_id)).where(
+            S.program_id.in_(pids), T.study_name.is_not(None)).subquery()
+        stmt = (select(names.c.program_id, names.c.device_key, otrials_t.c.state, func.count())
+                .select_from(names.join(studies_t, studies_t.c.study_name == names.c.study_name)
+                             .join(otrials_t, otrials_t.c.study_id == studies_t.c.study_id))
+                .group_by(names.c.program_id, names.c.device_key, otrials_t.c.state))
+        try:
+            with conn.begin_nested() if conn.dialect.name == "postgresql" else _null():
+                rows = conn.execute(stmt).all()
+        except (OperationalError, ProgrammingError, NoSuchTableError):
+            return
+        for pid, dev, state, n in rows:
+            d = progs[pid].devices.setdefault(dev, DeviceProgress(dev))
+            d.optuna[str(state).rsplit(".", 1)[-1]] = int(n)
+
+    def program(self, program_id: int) -> dict | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(select(programs_t).where(P.id == program_id)).first()
+        if r is None:
+            return None
+        return {"id": r.id, "name": r.name, "program_hash": r.program_hash,
+                "shapes": loads(r.shapes_key), "dtype": r.dtype, "graph": loads(r.graph_json),
+                "created_at": utc(r.created_at)}
+
+    # -- charts ---------------------------------------------------------------------------
+
+    def series(self, program_id: int, device_key: str) -> dict:
+        """The best-so-far curve (only the first timings that beat every earlier one, with
+        their trial number and time) and a thinned scatter of every first timing."""
+        base = (select(M.id, M.measured_at, M.median_s, M.status, T.config_json,
+                       func.row_number().over(order_by=(M.measured_at, M.id)).label("n"))
+                .select_from(meas_t.join(trials_t, T.id == M.trial_id)
+                             .join(structures_t, S.id == T.structure_id))
+                .where(S.program_id == bindparam("pid"), M.device_key == bindparam("dev"),
+                       M.attempt == 0)).subquery()
+        ok = select(base.c.n, base.c.measured_at, base.c.median_s, base.c.id,
+                    func.min(base.c.median_s).over(order_by=base.c.n, rows=(None, -1))
+                    .label("prev")).where(base.c.status == "ok").subquery()
+        records = select(ok.c.n, ok.c.measured_at, ok.c.median_s, ok.c.id).where(
+            or_(ok.c.prev.is_(None), ok.c.median_s < ok.c.prev)).order_by(ok.c.n)
+        params = {"pid": program_id, "dev": device_key}
+        with self.engine.connect() as conn:
+            total, oks, t0, t1 = conn.execute(
+                select(func.count(), func.sum(case((M.status == "ok", 1), else_=0)),
+                       func.min(M.measured_at), func.max(M.measured_at))
+                .select_from(meas_t.join(trials_t, T.id == M.trial_id)
+                             .join(structures_t, S.id == T.structure_id))
+                .where(S.program_id == program_id, M.device_key == device_key,
+                       M.attempt == 0)).one()
+            best = [(n, utc(t), s) for n, t, s, _ in conn.execute(records, params)]
+            step = max(1, -(-int(oks or 0) // SCATTER_POINTS))
+            okn = select(base.c.median_s, base.c.config_json, base.c.n,
+                         func.row_number().over(order_by=base.c.n).label("k")).where(
+                base.c.status == "ok").subquery()
+            scatter = conn.execute(select(okn.c.n, okn.c.median_s, okn.c.config_json).where(
+                literal_column("1") == 1 if step == 1 else
+                (okn.c.k % step) == 0).order_by(okn.c.n), params).all()
+        t0 = utc(t0)
+        return {
+            "trials": int(total or 0), "ok": int(oks or 0), "scatter_step": step,
+            "start": iso(t0), "end": iso(utc(t1)),
+            "best": [{"trial": n, "t": (t - t0).total_seconds() if t0 else 0, "s": s}
+                     for n, t, s in best],
+            "scatter": [{"trial": n, "s": s, "config": loads(c)} for n, s, c in scatter],
+        }
+
+    # -- one kernel -----------------------------------------------------------------------
+
+    def kernel(self, trial_id: int) -> dict | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(
+                select(T.id, T.device_key, T.config_json, T.study_name, T.trial_number,
+                       S.id.label("structure_id"), S.structure_hash, S.structure_json,
+                       S.verification_json, S.num_kernels, S.bytes_moved,
+                       P.id.label("program_id"), P.name, P.shapes_key, P.dtype,
+                       P.program_hash)
+                .select_from(trials_t.join(structures_t, S.id == T.structure_id)
+                             .join(programs_t, P.id == S.program_id))
+                .where(T.id == trial_id)).first()
+            if r is None:
+                return None
+            ms = conn.execute(select(meas_t).where(M.trial_id == trial_id)
+                              .order_by(M.attempt, M.id)).all()
+            b = conn.execute(select(best_t.c.source, best_t.c.time_s, best_t.c.baseline_s,
+                                    best_t.c.updated_at, best_t.c.device_key)
+                             .where(best_t.c.trial_id == trial_id)).first()
+        return {
+            "trial_id": r.id, "device_key": r.device_key, "config": loads(r.config_json),
+            "study_name": r.study_name, "trial_number": r.trial_number,
+            "structure_id": r.structure_id, "structure_hash": r.structure_hash,
+            "structure": loads(r.structure_json), "verification": loads(r.verification_json),
+            "num_kernels": r.num_kernels, "bytes_moved": r.bytes_moved,
+            "program_id": r.program_id, "program": r.name, "shapes": loads(r.shapes_key),
+            "dtype": r.dtype, "program_hash": r.program_hash,
+            "measurements": [{"id": m.id, "attempt": m.attempt, "status": m.status,
+                              "median_s": m.median_s, "spread_s": m.spread_s,
+                              "samples": loads(m.samples_json), "max_error": m.max_error,
+                              "message": m.message, "host": m.host,
+                              "measured_at": utc(m.measured_at)} for m in ms],
+            "best": None if b is None else {"source": b.source, "time_s": b.time_s,
+                                            "baseline_s": b.baseline_s,
+                                            "updated_at": utc(b.updated_at)},
+        }
+
+    # -- failures -------------------------------------------------------------------------
+
+    def failures(self, status: str | None = None, program: str | None = None,
+                 device: str | None = None, text_filter: str | None = None,
+                 before: int | None = None, limit: int = FAILURES_PAGE) -> dict:
+        """Non-ok measurements, newest first, filtered; with the counts per status."""
+        join = (meas_t.join(trials_t, T.id == M.trial_id)
+                .join(structures_t, S.id == T.structure_id)
+                .join(programs_t, P.id == S.program_id))
+        where = [M.status != "ok"]
+        if program:
+            where.append(P.name == program)
+        if device:
+            where.append(M.device_key == device)
+        if text_filter:
+            where.append(M.message.contains(text_filter, autoescape=True))
+        counts_where = list(where)
+        if status:
+            where.append(M.status == status)
+        if before:
+            where.append(M.id < before)
+        with self.engine.connect() as conn:
+            counts = dict(conn.execute(select(M.status, func.count()).select_from(join)
+                                       .where(and_(*counts_where)).group_by(M.status)).all())
+            rows = conn.execute(
+                select(M.id, M.status, M.message, M.host, M.measured_at, M.device_key,
+                       M.attempt, M.max_error, T.id.label("trial_id"), T.config_json,
+                       S.structure_hash, P.name, P.id.label("program_id"), P.shapes_key)
+                .select_from(join).where(and_(*where)).order_by(M.id.desc())
+                .limit(limit)).all()
+            names = [n for (n,) in conn.execute(select(P.name).distinct().order_by(P.name))]
+            devices = [d for (d,) in conn.execute(select(T.device_key).distinct()
+                                                  .order_by(T.device_key))]
+        return {
+            "counts": {k: int(v) for k, v in sorted(counts.items())},
+            "rows": [{"id": r.id, "status": r.status, "message": r.message, "host": r.host,
+                      "measured_at": utc(r.measured_at), "device_key": r.device_key,
+                      "attempt": r.attempt, "max_error": r.max_error, "trial_id": r.trial_id,
+                      "config": loads(r.config_json), "structure_hash": r.structure_hash,
+                      "program": r.name, "program_id": r.program_id,
+                      "shapes": loads(r.shapes_key)} for r in rows],
+            "programs": names, "devices": devices,
+            "more": len(rows) == limit, "last_id": rows[-1].id if rows else None,
+        }
+
+    def programs_named(self, name: str) -> list[dict]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(P.id, P.shapes_key, P.dtype).where(P.name == name)
+                                .order_by(P.id)).all()
+        return [{"id": r.id, "shapes": loads(r.shapes_key), "dtype": r.dtype} for r in rows]
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
