@@ -271,6 +271,7 @@ def create_app(url: str | None = None, *, address: str | None = None,
         Route("/api/cluster", cluster_api),
         Route("/pygments.css", pygments_css),
         Route("/healthz", health),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     @contextlib.asynccontextmanager

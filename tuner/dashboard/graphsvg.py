@@ -63,7 +63,7 @@ def draw(ops: list[dict], block: bool = False, title: str = "") -> str:
     for i, lay in enumerate(layer):
         rows.setdefault(lay, []).append(i)
     widest = max((len(v) for v in rows.values()), default=1)
-    width = PAD * 2 + widest * BOX_W + (widest - 1) * GAP_X
+    width = max(PAD * 2 + widest * BOX_W + (widest - 1) * GAP_X, PAD * 2 + 7 * len(title))
     top = PAD + (22 if title else 0)
     height = top + len(rows) * (BOX_H + GAP_Y) - GAP_Y + PAD
     pos: dict[int, tuple[float, float]] = {}
