@@ -33,6 +33,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
                          f" ({err})") from None
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port {args.port}: give a port 0-65535")
+    from sqlalchemy.exc import OperationalError
+
     from . import RemoteBindRefused
 
     try:
@@ -41,6 +43,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
               optuna_dashboard=args.optuna_dashboard)
     except RemoteBindRefused as err:
         raise InputError(str(err)) from None
+    except OperationalError as err:  # words, and the URL without its password
+        from .queries import shown_url
+
+        why = str(err.orig or err).strip().splitlines()[0]
+        raise InputError(f"cannot read the database {shown_url(args.db)}: {why}") from None
     except KeyboardInterrupt:
         pass
     return 0
