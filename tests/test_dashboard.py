@@ -58,6 +58,7 @@ def fill(url: str, shapes: list[dict] | None = None, xss: bool = True) -> dict:
             sid = database.record_structure(pid, "f" * 16 + key.program_hash[:8],
                                             to_obj(fused), {"verdict": "equivalent",
                                                             "tests": 4}, 1)
+            ids.setdefault("structures", []).append(sid)
             times = [3e-6, 2e-6, 2.5e-6, 1e-6, None]
             for n, t in enumerate(times):
                 tid = database.record_trial(sid, DEVICE, {"g0": 2 ** n, "split": 1},
@@ -129,6 +130,38 @@ def test_series_keeps_only_the_improvements(client, filled):
     assert s["trials"] == 5 and s["ok"] == 4
     assert [(b["trial"], b["s"]) for b in s["best"]] == [(1, 3e-6), (2, 2e-6), (4, 1e-6)]
     assert len(s["scatter"]) == 4 and s["scatter"][0]["config"] == {"g0": 1, "split": 1}
+
+
+def test_totals_stay_exact_as_measurements_arrive(tmp_path, monkeypatch):
+    """The dashboard counts new measurements incrementally (a low-water mark trailing the
+    newest id by WINDOW); after several rounds of arrivals it agrees with a fresh count."""
+    from tuner.dashboard import queries
+
+    monkeypatch.setattr(queries, "WINDOW", 2)
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    ids = fill(url, xss=False)
+    live = Reader(url)
+    pid = ids["programs"][0]
+    for round_ in range(3):
+        with db.connect(url) as database:
+            for n in range(4):
+                tid = database.record_trial(ids["structures"][0], DEVICE,
+                                            {"g0": 100 + 10 * round_ + n, "split": 2})
+                ok = n % 3 != 0
+                database.record_measurement(tid, "ok" if ok else "timeout",
+                                            median_s=(5 - n) * 1e-6 if ok else None,
+                                            spread_s=None, samples=None, max_error=None,
+                                            message=None if ok else "slow", host="h")
+        live_rows = [p.as_dict() for p in live.programs()]
+        live_series = live.series(pid, DEVICE)
+    fresh = Reader(url)
+    assert live_rows == [p.as_dict() for p in fresh.programs()]
+    assert live_series == fresh.series(pid, DEVICE)
+    (dev,) = live_rows[0]["devices"]
+    assert dev["trials"] == 5 + 12 and dev["statuses"] == {"ok": 4 + 6, "compile_error": 1,
+                                                           "timeout": 6}
+    live.close()
+    fresh.close()
 
 
 def test_kernel_page_draws_the_graph_and_shows_the_source(client, filled):

@@ -274,8 +274,18 @@ def create_app(url: str | None = None, *, address: str | None = None,
         Route("/favicon.ico", lambda request: Response(status_code=204)),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
+    def warm() -> None:
+        """Read every aggregate once before serving (the first request after a start would
+        otherwise pay for scanning all measurements; later ones read only new rows)."""
+        try:
+            all_jobs(reader)
+            reader.programs(optuna=True)
+        except Exception:  # noqa: BLE001 - a page will say what is wrong
+            pass
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> Any:
+        await run(warm)
         yield
         reader.close()
 

@@ -45,6 +45,7 @@ from sqlalchemy.pool import StaticPool
 import db
 
 SCATTER_POINTS = 1500
+WINDOW = 1000  # trailing measurement ids re-read on every refresh (see Reader._refresh_totals)
 FAILURES_PAGE = 200
 
 programs_t = table(
@@ -218,6 +219,14 @@ class Reader:
         self.engine = engine or read_only_engine(url)
         self._shard_stats: dict[int, tuple[int, int]] = {}  # shard id -> (states, verified)
         self._lock = threading.Lock()
+        # per (program id, device key, status): [timings, first timings, first measured_at,
+        # last measured_at, fastest ok first timing], kept up to date incrementally
+        self._totals: dict[tuple[int, str, str], list] = {}
+        self._low: int | None = None  # every measurement with id <= this is counted
+        self._seen: set[int] = set()  # ids > _low already counted
+        self._totals_lock = threading.Lock()
+        self._optuna: tuple[Any, dict] | None = None  # (fingerprint, states)
+        self._series: dict[tuple, dict] = {}  # (program, device, timings there) -> series
 
     def close(self) -> None:
         self.engine.dispose()
@@ -303,22 +312,17 @@ class Reader:
                                           1), else_=0)))
                     .where(S.program_id.in_(pids)).group_by(S.program_id)):
                 progs[pid].structures, progs[pid].verified = int(n), int(n) - int(ref or 0)
-            agg = (select(S.program_id, M.device_key, M.status,
-                          func.count(), func.sum(case((M.attempt == 0, 1), else_=0)),
-                          func.min(M.measured_at), func.max(M.measured_at),
-                          func.min(case((M.attempt == 0, M.median_s), else_=None)))
-                   .select_from(meas_t.join(trials_t, T.id == M.trial_id)
-                                .join(structures_t, S.id == T.structure_id))
-                   .where(S.program_id.in_(pids))
-                   .group_by(S.program_id, M.device_key, M.status))
-            for pid, dev, status, n, firsts, first, last, fastest in conn.execute(agg):
+            totals = self._refresh_totals(conn)
+            for (pid, dev, status), (n, firsts, first, last, fastest) in totals.items():
+                if pid not in progs:
+                    continue
                 d = progs[pid].devices.setdefault(dev, DeviceProgress(dev))
-                d.timings += int(n)
-                d.trials += int(firsts or 0)
-                d.statuses[status] = d.statuses.get(status, 0) + int(firsts or 0)
+                d.timings += n
+                d.trials += firsts
+                if firsts:
+                    d.statuses[status] = d.statuses.get(status, 0) + firsts
                 if status != "ok":
-                    d.failed += int(n)
-                first, last = utc(first), utc(last)
+                    d.failed += n
                 d.first_at = first if d.first_at is None else min(d.first_at, first)
                 d.last_at = last if d.last_at is None else max(d.last_at, last)
                 if status == "ok" and fastest is not None:
@@ -347,22 +351,83 @@ class Reader:
                 self._optuna_states(conn, pids, progs)
         return list(progs.values())
 
+    def _refresh_totals(self, conn: Any) -> dict[tuple[int, str, str], list]:
+        """The per program × device × status totals of every measurement, brought up to date
+        by reading only the measurements not counted yet.  Measurements are only ever
+        inserted (never updated or deleted), so totals only grow; the first call aggregates
+        everything in SQL, later ones read the rows above a low-water mark.  The last
+        ``WINDOW`` ids are re-read on every call, because on PostgreSQL a transaction may
+        commit a smaller id after a larger one was seen; ids counted are remembered there."""
+        join = (meas_t.join(trials_t, T.id == M.trial_id)
+                .join(structures_t, S.id == T.structure_id))
+        with self._totals_lock:
+            if self._low is None:
+                top = conn.execute(select(func.max(M.id))).scalar() or 0
+                low = max(0, top - WINDOW)
+                agg = (select(S.program_id, M.device_key, M.status, func.count(),
+                              func.sum(case((M.attempt == 0, 1), else_=0)),
+                              func.min(M.measured_at), func.max(M.measured_at),
+                              func.min(case((M.attempt == 0, M.median_s), else_=None)))
+                       .select_from(join).where(M.id <= low)
+                       .group_by(S.program_id, M.device_key, M.status))
+                for pid, dev, status, n, firsts, first, last, fastest in conn.execute(agg):
+                    self._totals[(pid, dev, status)] = [int(n), int(firsts or 0), utc(first),
+                                                        utc(last), fastest]
+                self._low = low
+            rows = conn.execute(
+                select(M.id, S.program_id, M.device_key, M.status, M.attempt,
+                       M.measured_at, M.median_s).select_from(join)
+                .where(M.id > self._low).order_by(M.id)).all()
+            top = self._low
+            for mid, pid, dev, status, attempt, at, median in rows:
+                top = max(top, mid)
+                if mid in self._seen:
+                    continue
+                self._seen.add(mid)
+                at = utc(at)
+                t = self._totals.get((pid, dev, status))
+                if t is None:
+                    self._totals[(pid, dev, status)] = t = [0, 0, at, at, None]
+                t[0] += 1
+                t[2], t[3] = min(t[2], at), max(t[3], at)
+                if attempt == 0:
+                    t[1] += 1
+                    if status == "ok" and median is not None:
+                        t[4] = median if t[4] is None else min(t[4], median)
+            if top - WINDOW > self._low:
+                self._low = top - WINDOW
+                self._seen = {i for i in self._seen if i > self._low}
+            return {k: list(v) for k, v in self._totals.items()}
+
     def _optuna_states(self, conn: Any, pids: list[int], progs: dict[int, ProgramRow]) -> None:
         """Optuna's trial states (COMPLETE / PRUNED = skipped by the roofline / FAIL) of the
         studies of each program × device; nothing when Optuna's tables are not there."""
         names = select(S.program_id, T.device_key, T.study_name).distinct().select_from(
             trials_t.join(structures_t, S.id == T.structure_id)).where(
-            S.program_id.in_(pids), T.study_name.is_not(None)).subquery()
+            T.study_name.is_not(None)).subquery()
         stmt = (select(names.c.program_id, names.c.device_key, otrials_t.c.state, func.count())
                 .select_from(names.join(studies_t, studies_t.c.study_name == names.c.study_name)
                              .join(otrials_t, otrials_t.c.study_id == studies_t.c.study_id))
                 .group_by(names.c.program_id, names.c.device_key, otrials_t.c.state))
+        fingerprint_q = select(func.max(otrials_t.c.trial_id),
+                               func.sum(case((otrials_t.c.state == "RUNNING", 1), else_=0)),
+                               select(func.max(T.id)).scalar_subquery())
         try:
             with conn.begin_nested() if conn.dialect.name == "postgresql" else _null():
-                rows = conn.execute(stmt).all()
+                # Optuna's trials change state (RUNNING -> COMPLETE): the counts are read
+                # again whenever a trial was added or one stopped running
+                fingerprint = tuple(conn.execute(fingerprint_q).one())  # every program's
+                cached = self._optuna
+                if cached is not None and cached[0] == fingerprint:
+                    rows = cached[1]
+                else:
+                    rows = conn.execute(stmt).all()
+                    self._optuna = (fingerprint, rows)
         except (OperationalError, ProgrammingError, NoSuchTableError):
             return
         for pid, dev, state, n in rows:
+            if pid not in progs:
+                continue
             d = progs[pid].devices.setdefault(dev, DeviceProgress(dev))
             d.optuna[str(state).rsplit(".", 1)[-1]] = int(n)
 
@@ -393,13 +458,16 @@ class Reader:
             or_(ok.c.prev.is_(None), ok.c.median_s < ok.c.prev)).order_by(ok.c.n)
         params = {"pid": program_id, "dev": device_key}
         with self.engine.connect() as conn:
-            total, oks, t0, t1 = conn.execute(
-                select(func.count(), func.sum(case((M.status == "ok", 1), else_=0)),
-                       func.min(M.measured_at), func.max(M.measured_at))
-                .select_from(meas_t.join(trials_t, T.id == M.trial_id)
-                             .join(structures_t, S.id == T.structure_id))
-                .where(S.program_id == program_id, M.device_key == device_key,
-                       M.attempt == 0)).one()
+            mine = {st: t for (pid, dev, st), t in self._refresh_totals(conn).items()
+                    if pid == program_id and dev == device_key}
+            version = (program_id, device_key, sum(t[0] for t in mine.values()))
+            cached = self._series.get(version)
+            if cached is not None:  # nothing was measured there since
+                return cached
+            total = sum(t[1] for t in mine.values())
+            oks = mine["ok"][1] if "ok" in mine else 0
+            t0 = min((t[2] for t in mine.values()), default=None)
+            t1 = max((t[3] for t in mine.values()), default=None)
             best = [(n, utc(t), s) for n, t, s, _ in conn.execute(records, params)]
             step = max(1, -(-int(oks or 0) // SCATTER_POINTS))
             okn = select(base.c.median_s, base.c.config_json, base.c.n,
@@ -409,13 +477,18 @@ class Reader:
                 literal_column("1") == 1 if step == 1 else
                 (okn.c.k % step) == 0).order_by(okn.c.n), params).all()
         t0 = utc(t0)
-        return {
+        out = {
             "trials": int(total or 0), "ok": int(oks or 0), "scatter_step": step,
             "start": iso(t0), "end": iso(utc(t1)),
-            "best": [{"trial": n, "t": (t - t0).total_seconds() if t0 else 0, "s": s}
-                     for n, t, s in best],
+            "best": [{"trial": n, "t": max(0.0, (t - t0).total_seconds()) if t0 else 0,
+                      "s": s} for n, t, s in best],
             "scatter": [{"trial": n, "s": s, "config": loads(c)} for n, s, c in scatter],
         }
+        with self._totals_lock:
+            if len(self._series) > 256:
+                self._series.clear()
+            self._series[version] = out
+        return out
 
     # -- one kernel -----------------------------------------------------------------------
 
@@ -477,17 +550,25 @@ class Reader:
         if before:
             where.append(M.id < before)
         with self.engine.connect() as conn:
-            counts = dict(conn.execute(select(M.status, func.count()).select_from(join)
-                                       .where(and_(*counts_where)).group_by(M.status)).all())
+            names = {r.id: r.name for r in conn.execute(select(P.id, P.name))}
+            totals = self._refresh_totals(conn)
+            if text_filter:  # the message is not in the totals: count in SQL
+                counts = dict(conn.execute(select(M.status, func.count()).select_from(join)
+                                           .where(and_(*counts_where))
+                                           .group_by(M.status)).all())
+            else:
+                counts = {}
+                for (pid, dev, st), t in totals.items():
+                    if st != "ok" and (not program or names.get(pid) == program) \
+                            and (not device or dev == device):
+                        counts[st] = counts.get(st, 0) + t[0]
             rows = conn.execute(
                 select(M.id, M.status, M.message, M.host, M.measured_at, M.device_key,
                        M.attempt, M.max_error, T.id.label("trial_id"), T.config_json,
                        S.structure_hash, P.name, P.id.label("program_id"), P.shapes_key)
                 .select_from(join).where(and_(*where)).order_by(M.id.desc())
                 .limit(limit)).all()
-            names = [n for (n,) in conn.execute(select(P.name).distinct().order_by(P.name))]
-            devices = [d for (d,) in conn.execute(select(T.device_key).distinct()
-                                                  .order_by(T.device_key))]
+            devices = sorted({dev for (_, dev, _) in totals})
         return {
             "counts": {k: int(v) for k, v in sorted(counts.items())},
             "rows": [{"id": r.id, "status": r.status, "message": r.message, "host": r.host,
@@ -496,7 +577,7 @@ class Reader:
                       "config": loads(r.config_json), "structure_hash": r.structure_hash,
                       "program": r.name, "program_id": r.program_id,
                       "shapes": loads(r.shapes_key)} for r in rows],
-            "programs": names, "devices": devices,
+            "programs": sorted(set(names.values())), "devices": devices,
             "more": len(rows) == limit, "last_id": rows[-1].id if rows else None,
         }
 
