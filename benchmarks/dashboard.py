@@ -22,10 +22,10 @@ import os
 import platform
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -113,6 +113,7 @@ def fill(url: str, measurements: int, folder: Path, seed: int = 0,
                         "candidates": 5, "timed_out": False},
                         "verified": {f"h{s}{k}": fused for k in range(2)}})}
                     for s in range(20)])
+                out.setdefault("structure", sids[0][0])
                 for sid, shash in sids:
                     for dev in DEVICES:
                         sname = study_name(name, pk.program_hash, db.shapes_key(pk.shapes),
@@ -192,6 +193,37 @@ def _get(url: str) -> tuple[float, int, int]:
     return time.perf_counter() - t0, status, len(body)
 
 
+def time_endpoints(base: str, endpoints: dict[str, str], repeat: int
+                   ) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in endpoints}
+    for _ in range(repeat):
+        for name, path in endpoints.items():
+            dt, status, _size = _get(base + path)
+            assert status == 200, (path, status)
+            times[name].append(dt)
+    return times
+
+
+def write_while(url: str, ids: dict, stop: threading.Event) -> None:
+    """A launch's writes, faster than a real one: a new config of the first program on the
+    first device and its timing every 50 ms (what the job page, its series and the failures
+    page then have to follow)."""
+    rng = random.Random(1)
+    with db.connect(url) as database:
+        n = 0
+        while not stop.is_set():
+            tid = database.record_trial(ids["structure"], DEVICES[0],
+                                        {"F": 1000 + n, "g0": 2 ** rng.randint(0, 10)})
+            failed = rng.random() < 0.05
+            t = None if failed else rng.uniform(1e-5, 1e-3)
+            database.record_measurement(tid, "timeout" if failed else "ok", median_s=t,
+                                        spread_s=None, samples=None, max_error=None,
+                                        message="timed out" if failed else None, host="node0")
+            n += 1
+            ids["written"] = n
+            stop.wait(0.05)
+
+
 def cpu_name() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -248,30 +280,41 @@ def main() -> int:
                 "failures filtered": "/failures?status=timeout&program=mha",
                 "cluster page": "/cluster",
             }
-            times: dict[str, list[float]] = {k: [] for k in endpoints}
-            for _ in range(args.repeat):
-                for name, path in endpoints.items():
-                    dt, status, _size = _get(base + path)
-                    assert status == 200, (path, status)
-                    times[name].append(dt)
+            phases = {"idle": time_endpoints(base, endpoints, args.repeat)}
+            stop = threading.Event()
+            writer = threading.Thread(target=write_while, args=(url, ids, stop), daemon=True)
+            writer.start()
+            try:
+                phases["live"] = time_endpoints(base, endpoints, args.repeat)
+            finally:
+                stop.set()
+                writer.join(timeout=30)
         finally:
             server.terminate()
             server.wait(timeout=10)
-    every = [t for ts in times.values() for t in ts]
     result = {
         "cpu": cpu_name(), "cores": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "measurements": ids["counts"]["tuner_measurements"],
         "trials": ids["counts"]["tuner_trials"], "fill_s": round(fill_s, 1),
-        "programs": args.programs, "requests": len(every),
-        "endpoints": {k: {"p50_ms": round(pct(v, 0.5) * 1e3, 1),
-                          "p95_ms": round(pct(v, 0.95) * 1e3, 1),
-                          "max_ms": round(max(v) * 1e3, 1)} for k, v in times.items()},
-        "p50_ms": round(pct(every, 0.5) * 1e3, 1), "p95_ms": round(pct(every, 0.95) * 1e3, 1),
-        "mean_ms": round(statistics.fmean(every) * 1e3, 1), "target_p95_ms": TARGET_MS,
+        "programs": args.programs, "target_p95_ms": TARGET_MS, "phases": {},
     }
-    result["meets_target"] = result["p95_ms"] <= TARGET_MS and all(
-        e["p95_ms"] <= TARGET_MS for e in result["endpoints"].values())
+    for phase, times in phases.items():
+        every = [t for ts in times.values() for t in ts]
+        result["phases"][phase] = {
+            "requests": len(every),
+            "endpoints": {k: {"first_ms": round(v[0] * 1e3, 1),
+                              "p50_ms": round(pct(v, 0.5) * 1e3, 1),
+                              "p95_ms": round(pct(v, 0.95) * 1e3, 1),
+                              "max_ms": round(max(v) * 1e3, 1)} for k, v in times.items()},
+            "p50_ms": round(pct(every, 0.5) * 1e3, 1),
+            "p95_ms": round(pct(every, 0.95) * 1e3, 1),
+            "max_ms": round(max(every) * 1e3, 1),
+        }
+    result["written_while_live"] = ids.get("written", 0)
+    result["meets_target"] = all(
+        e["p95_ms"] <= TARGET_MS for ph in result["phases"].values()
+        for e in ph["endpoints"].values())
     if args.json:
         print(json.dumps(result))
         return 0
@@ -280,12 +323,17 @@ def main() -> int:
           f"devices), SQLite; {result['cpu']}, {result['cores']} cores, "
           f"load {result['load_avg_1m']}; database filled in {result['fill_s']} s")
     width = max(map(len, endpoints))
-    print(f"{'endpoint':<{width}}  {'p50 ms':>7}  {'p95 ms':>7}  {'max ms':>7}")
-    for name, e in result["endpoints"].items():
-        print(f"{name:<{width}}  {e['p50_ms']:>7}  {e['p95_ms']:>7}  {e['max_ms']:>7}")
-    print(f"{'all ' + str(result['requests']) + ' requests':<{width}}  {result['p50_ms']:>7}  "
-          f"{result['p95_ms']:>7}  {max(max(v) for v in times.values()) * 1e3:>7.1f}")
-    print(f"target p95 <= {TARGET_MS:.0f} ms (every endpoint): "
+    for phase, ph in result["phases"].items():
+        print(f"\n{phase}: {args.repeat} requests per endpoint" + (
+            f", {result['written_while_live']} measurements written meanwhile into the timed "
+            "program (one every 50 ms)" if phase == "live" else ""))
+        print(f"{'endpoint':<{width}}  {'first':>7}  {'p50 ms':>7}  {'p95 ms':>7}  {'max ms':>7}")
+        for name, e in ph["endpoints"].items():
+            print(f"{name:<{width}}  {e['first_ms']:>7}  {e['p50_ms']:>7}  {e['p95_ms']:>7}  "
+                  f"{e['max_ms']:>7}")
+        print(f"{'all ' + str(ph['requests']) + ' requests':<{width}}  {'':>7}  "
+              f"{ph['p50_ms']:>7}  {ph['p95_ms']:>7}  {ph['max_ms']:>7}")
+    print(f"\ntarget p95 <= {TARGET_MS:.0f} ms (every endpoint, both phases): "
           f"{'met' if result['meets_target'] else 'NOT met'}")
     return 0
 
