@@ -164,6 +164,44 @@ def test_totals_stay_exact_as_measurements_arrive(tmp_path, monkeypatch):
     fresh.close()
 
 
+def test_optuna_states_follow_running_trials(tmp_path, monkeypatch):
+    """Skipped (PRUNED) and failed Optuna trials counted incrementally, a RUNNING one
+    counted when it finishes, in agreement with a fresh count."""
+    import optuna
+
+    from tuner.dashboard import queries
+
+    monkeypatch.setattr(queries, "WINDOW", 2)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    ids = fill(url, xss=False)
+    study = optuna.create_study(study_name="s", storage=url)  # fill's trials name study "s"
+    live = Reader(url)
+    pid = ids["programs"][0]
+
+    def states(reader):
+        return reader.programs(ids=[pid])[0].devices[DEVICE].optuna
+
+    held = []
+    for _round in range(3):
+        for n in range(4):
+            t = study.ask()
+            if n == 0:
+                held.append(t)  # still running
+            elif n == 1:
+                study.tell(t, state=optuna.trial.TrialState.PRUNED)
+            elif n == 2:
+                study.tell(t, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(t, 1.0)
+        assert states(live) == states(Reader(url))
+    assert states(live) == {"RUNNING": 3, "PRUNED": 3, "FAIL": 3, "COMPLETE": 3}
+    for t in held:
+        study.tell(t, state=optuna.trial.TrialState.PRUNED)
+    assert states(live) == states(Reader(url)) == {"PRUNED": 6, "FAIL": 3, "COMPLETE": 3}
+    assert live.programs(ids=[pid])[0].devices[DEVICE].skipped == 6
+
+
 def test_kernel_page_draws_the_graph_and_shows_the_source(client, filled):
     _, ids = filled
     page = client.get(f"/kernels/{ids['trials'][3]}").text

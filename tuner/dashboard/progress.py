@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .queries import ProgramRow, Reader, iso
+from .queries import ProgramRow, Reader, iso, shapes_text
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,14 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
     if plan is not None:
         hashes += [h[:16] for _, h, _ in plan.programs if h[:16] not in hashes]
     rows = reader.programs(hashes=hashes, optuna=optuna)
+    waiting = []
     if plan is not None:  # the job's own shapes, in its order
         wanted = {(h, _canon(s)): i for i, (_, h, s) in enumerate(plan.programs)}
         rows = [r for r in rows if (r.program_hash, _canon(r.shapes)) in wanted]
         rows.sort(key=lambda r: wanted[(r.program_hash, _canon(r.shapes))])
+        have = {(r.program_hash, _canon(r.shapes)) for r in rows}
+        waiting = [{"name": n, "shapes_text": shapes_text(s)} for n, h, s in plan.programs
+                   if (h, _canon(s)) not in have]
     else:
         order = {p: i for i, p in enumerate(prefixes)}
         rows.sort(key=lambda r: (order.get(r.program_hash[:16], len(order)), r.id))
@@ -115,6 +119,7 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
         "programs_done": done, "programs_total": total, "current": current,
         "trials": trials, "trials_planned": planned, "elapsed_s": elapsed, "eta_s": eta,
         "last_measured_at": iso(last), "plan_known": plan is not None,
+        "waiting": waiting,
     }, rows
 
 

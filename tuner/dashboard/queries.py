@@ -225,7 +225,7 @@ class Reader:
         self._low: int | None = None  # every measurement with id <= this is counted
         self._seen: set[int] = set()  # ids > _low already counted
         self._totals_lock = threading.Lock()
-        self._optuna: tuple[Any, dict] | None = None  # (fingerprint, states)
+        self._optuna_inc: dict | None = None  # see _refresh_optuna
         self._series: dict[tuple, dict] = {}  # (program, device, timings there) -> series
 
     def close(self) -> None:
@@ -402,34 +402,94 @@ class Reader:
     def _optuna_states(self, conn: Any, pids: list[int], progs: dict[int, ProgramRow]) -> None:
         """Optuna's trial states (COMPLETE / PRUNED = skipped by the roofline / FAIL) of the
         studies of each program × device; nothing when Optuna's tables are not there."""
-        names = select(S.program_id, T.device_key, T.study_name).distinct().select_from(
-            trials_t.join(structures_t, S.id == T.structure_id)).where(
-            T.study_name.is_not(None)).subquery()
-        stmt = (select(names.c.program_id, names.c.device_key, otrials_t.c.state, func.count())
-                .select_from(names.join(studies_t, studies_t.c.study_name == names.c.study_name)
-                             .join(otrials_t, otrials_t.c.study_id == studies_t.c.study_id))
-                .group_by(names.c.program_id, names.c.device_key, otrials_t.c.state))
-        fingerprint_q = select(func.max(otrials_t.c.trial_id),
-                               func.sum(case((otrials_t.c.state == "RUNNING", 1), else_=0)),
-                               select(func.max(T.id)).scalar_subquery())
         try:
             with conn.begin_nested() if conn.dialect.name == "postgresql" else _null():
-                # Optuna's trials change state (RUNNING -> COMPLETE): the counts are read
-                # again whenever a trial was added or one stopped running
-                fingerprint = tuple(conn.execute(fingerprint_q).one())  # every program's
-                cached = self._optuna
-                if cached is not None and cached[0] == fingerprint:
-                    rows = cached[1]
-                else:
-                    rows = conn.execute(stmt).all()
-                    self._optuna = (fingerprint, rows)
+                states = self._refresh_optuna(conn)
         except (OperationalError, ProgrammingError, NoSuchTableError):
             return
-        for pid, dev, state, n in rows:
-            if pid not in progs:
-                continue
-            d = progs[pid].devices.setdefault(dev, DeviceProgress(dev))
-            d.optuna[str(state).rsplit(".", 1)[-1]] = int(n)
+        for (pid, dev), counts in states.items():
+            if pid in progs:
+                d = progs[pid].devices.setdefault(dev, DeviceProgress(dev))
+                for state, n in counts.items():
+                    d.optuna[state] = d.optuna.get(state, 0) + n
+
+    def _refresh_optuna(self, conn: Any) -> dict[tuple[int, str], dict[str, int]]:
+        """Per (program, device): Optuna trials by state, kept up to date like the
+        measurement totals.  Optuna's trials are appended, and change state only from
+        RUNNING / WAITING to a final one: final ones are counted once, the unfinished ones
+        remembered and looked at again on each refresh."""
+        o = otrials_t.c
+        with self._totals_lock:
+            st = self._optuna_inc
+            if st is None:
+                st = {"low": None, "seen": set(), "pending": {}, "counts": {}, "study": {}}
+            if st["low"] is None:
+                top = conn.execute(select(func.max(o.trial_id))).scalar() or 0
+                low = max(0, top - WINDOW)
+                for sid, state, n in conn.execute(
+                        select(o.study_id, o.state, func.count()).where(o.trial_id <= low)
+                        .group_by(o.study_id, o.state)):
+                    state = _state(state)
+                    if state not in UNFINISHED:
+                        c = st["counts"].setdefault(sid, {})
+                        c[state] = c.get(state, 0) + int(n)
+                for tid, sid in conn.execute(select(o.trial_id, o.study_id).where(
+                        o.trial_id <= low, o.state.in_(UNFINISHED))):
+                    st["pending"][tid] = sid
+                st["low"] = low
+            rows = conn.execute(select(o.trial_id, o.study_id, o.state)
+                                .where(o.trial_id > st["low"]).order_by(o.trial_id)).all()
+            pending = list(st["pending"])
+            for i in range(0, len(pending), 500):
+                rows += conn.execute(select(o.trial_id, o.study_id, o.state)
+                                     .where(o.trial_id.in_(pending[i:i + 500]))).all()
+            top = st["low"]
+            for tid, sid, state in rows:
+                state = _state(state)
+                if tid > st["low"]:
+                    top = max(top, tid)
+                if tid in st["seen"] and tid not in st["pending"]:
+                    continue
+                st["seen"].add(tid)
+                if state in UNFINISHED:
+                    st["pending"][tid] = sid
+                    continue
+                st["pending"].pop(tid, None)
+                c = st["counts"].setdefault(sid, {})
+                c[state] = c.get(state, 0) + 1
+            if top - WINDOW > st["low"]:
+                st["low"] = top - WINDOW
+                st["seen"] = {t for t in st["seen"] if t > st["low"]}
+            self._optuna_inc = st
+            # which program x device each study tunes: its name, in our trials (a study
+            # is looked up once; one whose trials are not stored yet is tried again)
+            unknown = [sid for sid in set(st["counts"]) | set(st["pending"].values())
+                       if sid not in st["study"]]
+            if unknown:
+                names = dict(conn.execute(select(studies_t.c.study_id, studies_t.c.study_name)
+                                          .where(studies_t.c.study_id.in_(unknown))).all())
+                if names:
+                    found = dict(((n, (pid, dev)) for n, pid, dev in conn.execute(
+                        select(T.study_name, S.program_id, T.device_key).distinct()
+                        .select_from(trials_t.join(structures_t, S.id == T.structure_id))
+                        .where(T.study_name.in_(list(names.values()))))))
+                    for sid, name in names.items():
+                        if name in found:
+                            st["study"][sid] = found[name]
+            out: dict[tuple[int, str], dict[str, int]] = {}
+            for sid, counts in st["counts"].items():
+                key = st["study"].get(sid)
+                if key is None:
+                    continue
+                agg = out.setdefault(key, {})
+                for state, n in counts.items():
+                    agg[state] = agg.get(state, 0) + n
+            for sid in st["pending"].values():
+                key = st["study"].get(sid)
+                if key is not None:
+                    agg = out.setdefault(key, {})
+                    agg["RUNNING"] = agg.get("RUNNING", 0) + 1
+            return out
 
     def program(self, program_id: int) -> dict | None:
         with self.engine.connect() as conn:
@@ -590,6 +650,13 @@ class Reader:
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+
+
+UNFINISHED = ("RUNNING", "WAITING")
+
+
+def _state(value: Any) -> str:
+    return str(value).rsplit(".", 1)[-1]
 
 
 class _null:

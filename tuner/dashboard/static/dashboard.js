@@ -95,7 +95,7 @@
     setField(facts, "finished", when(j.finished_at));
   }
 
-  function renderPrograms(programs) {
+  function renderPrograms(programs, waiting) {
     const table = document.getElementById("programs");
     if (!table) return;
     const rows = [];
@@ -122,6 +122,10 @@
         }
         rows.push(el("tr", {}, ...cells));
       });
+    }
+    for (const w of waiting || []) {
+      rows.push(el("tr", {class: "waiting"}, el("td", {}, w.name), el("td", {}, w.shapes_text),
+        el("td", {colspan: 11, class: "muted"}, "not reached yet")));
     }
     if (!rows.length) {
       rows.push(el("tr", {class: "empty"}, el("td", {colspan: 13},
@@ -237,7 +241,7 @@
     if (page === "jobs") renderJobs(data);
     else if (page === "job" || page === "program") {
       renderJobFacts(data.job);
-      renderPrograms(data.programs);
+      renderPrograms(data.programs, data.job ? data.job.waiting : []);
     } else if (page === "cluster") renderCluster(data);
     body.dataset.updated = String(Date.now());
     const live = document.getElementById("live");
