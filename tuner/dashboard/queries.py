@@ -13,6 +13,7 @@ thinned to at most ``SCATTER_POINTS`` rows by row number.
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 from dataclasses import dataclass, field
@@ -27,13 +28,11 @@ from sqlalchemy import (
     String,
     Text,
     and_,
-    bindparam,
     case,
     column,
     create_engine,
     event,
     func,
-    literal_column,
     or_,
     select,
     table,
@@ -45,6 +44,7 @@ from sqlalchemy.pool import StaticPool
 import db
 
 SCATTER_POINTS = 1500
+SERIES_KEPT = 32  # program x device series kept up to date in memory (the most recently read)
 WINDOW = 1000  # trailing measurement ids re-read on every refresh (see Reader._refresh_totals)
 FAILURES_PAGE = 200
 
@@ -227,6 +227,8 @@ class Reader:
         self._totals_lock = threading.Lock()
         self._optuna_inc: dict | None = None  # see _refresh_optuna
         self._series: dict[tuple, dict] = {}  # (program, device, timings there) -> series
+        self._series_state: dict[tuple[int, str], _Series] = {}
+        self._series_lock = threading.Lock()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -504,51 +506,29 @@ class Reader:
 
     def series(self, program_id: int, device_key: str) -> dict:
         """The best-so-far curve (only the first timings that beat every earlier one, with
-        their trial number and time) and a thinned scatter of every first timing."""
-        base = (select(M.id, M.measured_at, M.median_s, M.status, T.config_json,
-                       func.row_number().over(order_by=(M.measured_at, M.id)).label("n"))
-                .select_from(meas_t.join(trials_t, T.id == M.trial_id)
-                             .join(structures_t, S.id == T.structure_id))
-                .where(S.program_id == bindparam("pid"), M.device_key == bindparam("dev"),
-                       M.attempt == 0)).subquery()
-        ok = select(base.c.n, base.c.measured_at, base.c.median_s, base.c.id,
-                    func.min(base.c.median_s).over(order_by=base.c.n, rows=(None, -1))
-                    .label("prev")).where(base.c.status == "ok").subquery()
-        records = select(ok.c.n, ok.c.measured_at, ok.c.median_s, ok.c.id).where(
-            or_(ok.c.prev.is_(None), ok.c.median_s < ok.c.prev)).order_by(ok.c.n)
-        params = {"pid": program_id, "dev": device_key}
+        their trial number and time) and a thinned scatter of every first timing, in the
+        order the timings were stored.  The first call for a program × device reads its
+        first timings once; later calls read only the new ones (as the totals do)."""
         with self.engine.connect() as conn:
             mine = {st: t for (pid, dev, st), t in self._refresh_totals(conn).items()
                     if pid == program_id and dev == device_key}
             version = (program_id, device_key, sum(t[0] for t in mine.values()))
-            cached = self._series.get(version)
-            if cached is not None:  # nothing was measured there since
-                return cached
-            total = sum(t[1] for t in mine.values())
-            oks = mine["ok"][1] if "ok" in mine else 0
-            t0 = min((t[2] for t in mine.values()), default=None)
-            t1 = max((t[3] for t in mine.values()), default=None)
-            best = [(n, utc(t), s) for n, t, s, _ in conn.execute(records, params)]
-            step = max(1, -(-int(oks or 0) // SCATTER_POINTS))
-            okn = select(base.c.median_s, base.c.config_json, base.c.n,
-                         func.row_number().over(order_by=base.c.n).label("k")).where(
-                base.c.status == "ok").subquery()
-            scatter = conn.execute(select(okn.c.n, okn.c.median_s, okn.c.config_json).where(
-                literal_column("1") == 1 if step == 1 else
-                (okn.c.k % step) == 0).order_by(okn.c.n), params).all()
-        t0 = utc(t0)
-        out = {
-            "trials": int(total or 0), "ok": int(oks or 0), "scatter_step": step,
-            "start": iso(t0), "end": iso(utc(t1)),
-            "best": [{"trial": n, "t": max(0.0, (t - t0).total_seconds()) if t0 else 0,
-                      "s": s} for n, t, s in best],
-            "scatter": [{"trial": n, "s": s, "config": loads(c)} for n, s, c in scatter],
-        }
-        with self._totals_lock:
-            if len(self._series) > 256:
-                self._series.clear()
-            self._series[version] = out
-        return out
+            with self._series_lock:
+                cached = self._series.get(version)
+                if cached is not None:  # nothing was measured there since
+                    return cached
+                state = self._series_state.pop((program_id, device_key), None) or _Series()
+                try:
+                    state.refresh(conn, program_id, device_key)
+                finally:
+                    self._series_state[(program_id, device_key)] = state  # most recent last
+                    while len(self._series_state) > SERIES_KEPT:
+                        self._series_state.pop(next(iter(self._series_state)))
+                out = state.as_dict()
+                if len(self._series) > 256:
+                    self._series.clear()
+                self._series[version] = out
+                return out
 
     # -- one kernel -----------------------------------------------------------------------
 
@@ -650,6 +630,72 @@ class Reader:
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+
+
+class _Series:
+    """One program × device's first timings, in id order: (id, ok, seconds, measured_at,
+    config JSON), and the best-so-far records over them, kept up to date like the totals."""
+
+    def __init__(self) -> None:
+        self.low: int | None = None
+        self.seen: set[int] = set()
+        self.rows: list[tuple] = []
+        self.records: list[int] = []  # indexes into rows that beat every earlier ok timing
+
+    def refresh(self, conn: Any, program_id: int, device_key: str) -> None:
+        q = (select(M.id, M.status, M.median_s, M.measured_at, T.config_json)
+             .select_from(meas_t.join(trials_t, T.id == M.trial_id)
+                          .join(structures_t, S.id == T.structure_id))
+             .where(S.program_id == program_id, M.device_key == device_key, M.attempt == 0))
+        if self.low is None:
+            top = conn.execute(select(func.max(M.id))).scalar() or 0
+            self.low = max(0, top - WINDOW)
+            self.rows = [(i, st == "ok" and s is not None, s, utc(t), c) for i, st, s, t, c in
+                         conn.execute(q.where(M.id <= self.low).order_by(M.id))]
+            self._recompute()
+        late = False
+        top = self.low
+        for i, st, s, t, c in conn.execute(q.where(M.id > self.low).order_by(M.id)):
+            top = max(top, i)
+            if i in self.seen:
+                continue
+            self.seen.add(i)
+            row = (i, st == "ok" and s is not None, s, utc(t), c)
+            if self.rows and i < self.rows[-1][0]:  # committed after a larger id (PostgreSQL)
+                bisect.insort(self.rows, row)
+                late = True
+                continue
+            self.rows.append(row)
+            if row[1] and (not self.records or s < self.rows[self.records[-1]][2]):
+                self.records.append(len(self.rows) - 1)
+        if late:
+            self._recompute()
+        if top - WINDOW > self.low:
+            self.low = top - WINDOW
+            self.seen = {i for i in self.seen if i > self.low}
+
+    def _recompute(self) -> None:
+        self.records, best = [], None
+        for k, row in enumerate(self.rows):
+            if row[1] and (best is None or row[2] < best):
+                best = row[2]
+                self.records.append(k)
+
+    def as_dict(self) -> dict:
+        rows = self.rows
+        oks = [k for k, r in enumerate(rows) if r[1]]
+        step = max(1, -(-len(oks) // SCATTER_POINTS))
+        times = [r[3] for r in rows if r[3] is not None]
+        t0, t1 = (min(times), max(times)) if times else (None, None)
+        return {
+            "trials": len(rows), "ok": len(oks), "scatter_step": step,
+            "start": iso(t0), "end": iso(t1),
+            "best": [{"trial": k + 1, "s": rows[k][2],
+                      "t": max(0.0, (rows[k][3] - t0).total_seconds()) if t0 else 0}
+                     for k in self.records],
+            "scatter": [{"trial": k + 1, "s": rows[k][2], "config": loads(rows[k][4])}
+                        for k in oks[step - 1::step]],
+        }
 
 
 UNFINISHED = ("RUNNING", "WAITING")
