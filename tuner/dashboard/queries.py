@@ -641,6 +641,9 @@ class _Series:
         self.seen: set[int] = set()
         self.rows: list[tuple] = []
         self.records: list[int] = []  # indexes into rows that beat every earlier ok timing
+        self.oks: list[int] = []  # indexes into rows of the ok timings
+        self.t0: datetime | None = None
+        self.t1: datetime | None = None
 
     def refresh(self, conn: Any, program_id: int, device_key: str) -> None:
         q = (select(M.id, M.status, M.median_s, M.measured_at, T.config_json)
@@ -666,27 +669,35 @@ class _Series:
                 late = True
                 continue
             self.rows.append(row)
-            if row[1] and (not self.records or s < self.rows[self.records[-1]][2]):
-                self.records.append(len(self.rows) - 1)
+            self._time(row[3])
+            if row[1]:
+                self.oks.append(len(self.rows) - 1)
+                if not self.records or s < self.rows[self.records[-1]][2]:
+                    self.records.append(len(self.rows) - 1)
         if late:
             self._recompute()
         if top - WINDOW > self.low:
             self.low = top - WINDOW
             self.seen = {i for i in self.seen if i > self.low}
 
+    def _time(self, t: datetime | None) -> None:
+        if t is not None:
+            self.t0 = t if self.t0 is None else min(self.t0, t)
+            self.t1 = t if self.t1 is None else max(self.t1, t)
+
     def _recompute(self) -> None:
-        self.records, best = [], None
+        self.records, self.oks, best = [], [], None
         for k, row in enumerate(self.rows):
-            if row[1] and (best is None or row[2] < best):
-                best = row[2]
-                self.records.append(k)
+            self._time(row[3])
+            if row[1]:
+                self.oks.append(k)
+                if best is None or row[2] < best:
+                    best = row[2]
+                    self.records.append(k)
 
     def as_dict(self) -> dict:
-        rows = self.rows
-        oks = [k for k, r in enumerate(rows) if r[1]]
+        rows, oks, t0, t1 = self.rows, self.oks, self.t0, self.t1
         step = max(1, -(-len(oks) // SCATTER_POINTS))
-        times = [r[3] for r in rows if r[3] is not None]
-        t0, t1 = (min(times), max(times)) if times else (None, None)
         return {
             "trials": len(rows), "ok": len(oks), "scatter_step": step,
             "start": iso(t0), "end": iso(t1),
