@@ -658,8 +658,17 @@ class _Series:
             self._recompute()
         late = False
         top = self.low
-        for i, st, s, t, c in conn.execute(q.where(M.id > self.low).order_by(M.id)):
+        # the rows above the mark are few: take them by primary key and filter here (a filter
+        # on the program in SQL lets SQLite walk all of the program's rows instead)
+        recent = (select(M.id, M.status, M.median_s, M.measured_at, T.config_json,
+                         S.program_id, M.device_key, M.attempt)
+                  .select_from(meas_t.join(trials_t, T.id == M.trial_id)
+                               .join(structures_t, S.id == T.structure_id))
+                  .where(M.id > self.low).order_by(M.id))
+        for i, st, s, t, c, pid, dev, attempt in conn.execute(recent):
             top = max(top, i)
+            if pid != program_id or dev != device_key or attempt != 0:
+                continue
             if i in self.seen:
                 continue
             self.seen.add(i)
