@@ -82,7 +82,12 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
         order = {p: i for i, p in enumerate(prefixes)}
         rows.sort(key=lambda r: (order.get(r.program_hash[:16], len(order)), r.id))
     total = len(plan.programs) if plan is not None else len(rows)
-    started = {r.program_hash[:16] for r in rows if r.trials} | set(prefixes)
+    # reached by this job: it searched there (shards), or the program was first recorded
+    # after the job started (a launch records each program as it reaches it); the trials of
+    # a program tuned by an earlier job do not count
+    started_at = job["started_at"]
+    started = {r.program_hash[:16] for r in rows
+               if r.created_at and started_at and r.created_at >= started_at} | set(prefixes)
     position = [i for i, r in enumerate(rows) if r.program_hash[:16] in started]
     finished = job["status"] == "finished"
     done = total if finished else max(0, len(position) - 1) if position else 0
@@ -99,7 +104,7 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
                 plan.structures
             per_program.append(tuned * plan.trials_per_structure * plan.devices)
         planned = max(trials, sum(per_program))
-    started_at, finished_at = job["started_at"], job["finished_at"]
+    finished_at = job["finished_at"]
     end = finished_at if finished_at is not None and job["status"] != "running" else now
     elapsed = max(0.0, (end - started_at).total_seconds()) if started_at else None
     eta = None

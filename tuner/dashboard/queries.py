@@ -177,6 +177,7 @@ class ProgramRow:
     search_states: int | None = None
     search_shards: int = 0
     devices: dict[str, DeviceProgress] = field(default_factory=dict)
+    created_at: datetime | None = None  # a launch records a program as it reaches it
 
     @property
     def shapes_text(self) -> str:
@@ -294,7 +295,8 @@ class Reader:
                  optuna: bool = True) -> list[ProgramRow]:
         """Programs (all, by id, or by program-hash prefix) with their per-device progress,
         in four grouped queries whatever the number of measurements."""
-        stmt = select(P.id, P.name, P.program_hash, P.shapes_key, P.dtype).order_by(P.id)
+        stmt = select(P.id, P.name, P.program_hash, P.shapes_key, P.dtype,
+                      P.created_at).order_by(P.id)
         if ids is not None:
             stmt = stmt.where(P.id.in_(ids))
         if hashes is not None:
@@ -304,7 +306,8 @@ class Reader:
                                     for h in hashes]))
         with self.engine.connect() as conn:
             progs = {r.id: ProgramRow(r.id, r.name, r.program_hash, loads(r.shapes_key),
-                                      r.dtype) for r in conn.execute(stmt)}
+                                      r.dtype, created_at=utc(r.created_at))
+                     for r in conn.execute(stmt)}
             if not progs:
                 return []
             pids = list(progs)

@@ -106,7 +106,8 @@
         const cells = [
           el("td", {}, first ? link(`/programs/${p.id}`, p.name) : ""),
           el("td", {}, first ? `${p.shapes_text} ${p.dtype}` : ""),
-          num(first ? `${p.verified} verified` + (p.structures !== p.verified ? " + as written" : "") : ""),
+          num(!first ? "" : !p.structures ? "-" :
+            `${p.verified} verified` + (p.structures !== p.verified ? " + as written" : "")),
           num(first ? (p.search_states === null ? "-" : p.search_states.toLocaleString("en")) : ""),
         ];
         if (d) {
