@@ -349,3 +349,23 @@ def test_tuner_best_answers_for_the_only_shapes_stored(tmp_path):
     # the line it prints answers
     res = _best("softmax_rows", "--set", "X=8x64", url=url2)
     assert res.returncode == 0 and "X 8x64" in res.stdout
+
+
+def test_postgresql_pages_totals_and_read_only(pg_url):
+    ids = fill(pg_url)
+    with TestClient(create_app(pg_url)) as c:
+        for path in ["/", f"/jobs/{ids['job']}", f"/kernels/{ids['trials'][3]}", "/failures"]:
+            r = c.get(path)
+            assert r.status_code == 200, (path, r.text[:500])
+            assert XSS not in r.text
+        data = c.get(f"/api/jobs/{ids['job']}").json()
+        (dev,) = data["programs"][0]["devices"]
+        assert dev["statuses"] == {"ok": 4, "compile_error": 1}
+        s = c.get(f"/api/programs/{ids['programs'][0]}/series",
+                  params={"device": DEVICE}).json()
+        assert [b["s"] for b in s["best"]] == [3e-6, 2e-6, 1e-6]
+        reader: Reader = c.app.state.reader
+        with pytest.raises(Exception, match="read-only"):
+            with reader.engine.connect() as conn:
+                conn.execute(text("DELETE FROM tuner_jobs"))
+                conn.commit()
