@@ -229,3 +229,43 @@ def test_progress_changes_without_a_reload_while_a_launch_runs(page, site):
         if second.poll() is None:
             second.kill()
             second.wait()
+
+
+def test_cluster_page_with_a_ray_cluster(browser, site):
+    """With TUNER_TEST_RAY_ADDRESS (a running cluster with Ray's dashboard, e.g. from
+    `ray start --head`): a dashboard started with --address lists its nodes through Ray's state
+    API, and, while a launch runs on the cluster, its measurement slot."""
+    address = os.environ.get("TUNER_TEST_RAY_ADDRESS")
+    if not address:
+        pytest.skip("needs a Ray cluster: TUNER_TEST_RAY_ADDRESS=host:port (ray start --head)")
+    port = _free_port()
+    server = subprocess.Popen([*TUNER, "dashboard", "--db", site["url"], "--port", str(port),
+                               "--address", address], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    job = _write_job(site["tmp"] / "on_cluster.yaml", 16, 8, 2)
+    launch = subprocess.Popen([*TUNER, "launch", str(job), "--db", site["url"], "--quiet",
+                               "--address", address], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    pg = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        pg.goto(base + "/cluster")
+        sync_api.expect(pg.locator("#nodes tbody tr:not(.empty)")).not_to_have_count(0, timeout=30_000)
+        sync_api.expect(pg.locator("#slots tbody tr:not(.empty)")).not_to_have_count(0, timeout=120_000)
+        assert pg.locator("#cluster-error").is_hidden()
+        shot(pg, site, "cluster-ray")
+    finally:
+        pg.close()
+        for proc in (launch, server):
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

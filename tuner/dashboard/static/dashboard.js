@@ -176,7 +176,8 @@
         data: {datasets: [{label: "first timing (ms)", data: [], pointRadius: 2,
           borderColor: "#d9822b", backgroundColor: "#d9822b"}]},
         options: {animation: false, maintainAspectRatio: false, parsing: false,
-          scales: {x: {type: "logarithmic", title: {display: true, text: ""}},
+          scales: {x: {type: "linear", title: {display: true, text: ""},
+                       ticks: {stepSize: 1, callback: (v) => Number.isInteger(v) ? String(2 ** v) : ""}},
                    y: {title: {display: true, text: "ms"}}},
           plugins: {legend: {display: false}}},
       });
@@ -211,8 +212,15 @@
       c.paramSel.value = c.param || "";
     }
     const pos = s.scatter.filter((p) => c.param && Number(p.config[c.param]) > 0);
-    c.scatter.data.datasets[0].data = pos.map((p) => ({x: Number(p.config[c.param]), y: p.s * 1e3}));
-    c.scatter.options.scales.x.title.text = c.param ? `${c.param} (log)` : "";
+    // x on a log2 scale, labelled with the parameter's values (tiling parameters are mostly
+    // powers of two)
+    c.scatter.data.datasets[0].data = pos.map((p) => ({x: Math.log2(Number(p.config[c.param])), y: p.s * 1e3}));
+    c.scatter.options.scales.x.title.text = c.param ? `${c.param} (log scale)` : "";
+    const xs = c.scatter.data.datasets[0].data.map((p) => p.x);
+    if (xs.length) {  // whole powers of two at the ends, so that every tick has a label
+      c.scatter.options.scales.x.min = Math.floor(Math.min(...xs)) - 1;
+      c.scatter.options.scales.x.max = Math.ceil(Math.max(...xs)) + 1;
+    }
     c.scatter.update("none");
     c.card.dataset.points = String(pts.length);
   }
@@ -221,16 +229,22 @@
   function renderCluster(s) {
     const err = document.getElementById("cluster-error");
     if (err) { err.hidden = !s.error; err.textContent = s.error || ""; }
-    const fill = (id, rows) => { const t = document.getElementById(id); if (t) replaceBody(t, rows); };
+    const fill = (id, rows, cols, none) => {
+      const t = document.getElementById(id);
+      if (!t) return;
+      if (!rows.length) rows = [el("tr", {class: "empty"}, el("td", {colspan: cols}, none))];
+      replaceBody(t, rows);
+    };
     fill("nodes", s.nodes.map((n) => el("tr", {},
       el("td", {}, (n.node_id || "").slice(0, 12) + (n.head ? " (head)" : "")), el("td", {}, n.ip),
-      el("td", {}, n.state), num(n.cpus), num(n.gpus), num(n.memory_gb))));
+      el("td", {}, n.state), num(n.cpus), num(n.gpus), num(n.memory_gb))), 6, "none");
     fill("slots", s.slots.map((a) => el("tr", {},
       el("td", {}, (a.actor_id || "").slice(0, 12)), el("td", {}, a.node), num(a.pid), num(a.gpus),
-      el("td", {}, a.state), el("td", {}, a.doing))));
+      el("td", {}, a.state), el("td", {}, a.doing))), 6,
+      "none (a launch starts one per device when it tunes)");
     fill("tasks", s.tasks.map((t) => el("tr", {},
       el("td", {}, (t.task_id || "").slice(0, 12)), el("td", {}, t.name), el("td", {}, t.node),
-      num(t.pid), el("td", {}, t.state))));
+      num(t.pid), el("td", {}, t.state))), 5, "none running (a launch runs them while it searches)");
   }
 
   // -- polling ---------------------------------------------------------------------------
