@@ -121,6 +121,9 @@ def test_job_progress_and_program_rows(client, filled):
     assert dev["trials"] == 5 and dev["statuses"] == {"ok": 4, "compile_error": 1}
     assert dev["best"]["time_s"] == pytest.approx(1e-6)
     assert dev["best"]["speedup"] == pytest.approx(10)
+    assert dev["failed_text"] == "compile_error 1"
+    page = client.get(f"/jobs/{ids['job']}").text
+    assert '/failures?program=softmax_rows&amp;device=cpu%3Atest-cpu%3A2c' in page
 
 
 def test_series_keeps_only_the_improvements(client, filled):
@@ -200,6 +203,13 @@ def test_optuna_states_follow_running_trials(tmp_path, monkeypatch):
         study.tell(t, state=optuna.trial.TrialState.PRUNED)
     assert states(live) == states(Reader(url)) == {"PRUNED": 6, "FAIL": 3, "COMPLETE": 3}
     assert live.programs(ids=[pid])[0].devices[DEVICE].skipped == 6
+    # a kernel page links its study in optuna-dashboard, when told where that runs
+    with TestClient(create_app(url, optuna_dashboard="http://127.0.0.1:8080/")) as c:
+        page = c.get(f"/kernels/{ids['trials'][0]}").text
+    with db.connect(url, migrate_schema=False) as database, database.engine.connect() as conn:
+        (study_id,) = conn.execute(text("SELECT study_id FROM studies WHERE study_name = 's'")
+                                   ).one()
+    assert f'href="http://127.0.0.1:8080/dashboard/studies/{study_id}"' in page
 
 
 def test_kernel_page_draws_the_graph_and_shows_the_source(client, filled):
@@ -259,6 +269,14 @@ def test_password_never_shown(filled):
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert res.returncode == 2, res.stderr
     assert "sekrit" not in res.stderr + res.stdout and "tuner:***@127.0.0.1" in res.stderr
+
+
+def test_optuna_dashboard_link_must_be_http(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "tuner.cli", "dashboard", "--db",
+                          f"sqlite:///{tmp_path / 'x.db'}", "--optuna-dashboard",
+                          "javascript:alert(1)"], capture_output=True, text=True, cwd=REPO,
+                         timeout=60)
+    assert res.returncode == 2 and "http://" in res.stderr
 
 
 def test_binding_is_local_unless_asked():

@@ -33,6 +33,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
                          f" ({err})") from None
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port {args.port}: give a port 0-65535")
+    link = args.optuna_dashboard
+    if link and not link.startswith(("http://", "https://")):
+        raise InputError(f"--optuna-dashboard {link!r}: give its http:// or https:// URL")
     from sqlalchemy.exc import OperationalError
 
     from . import RemoteBindRefused

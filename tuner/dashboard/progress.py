@@ -61,15 +61,21 @@ def job_plan(job_path: str, job_key: str) -> Plan | None:
 
 
 def job_progress(reader: Reader, job: dict, prefixes: list[str],
-                 now: datetime | None = None, optuna: bool = False
+                 now: datetime | None = None, optuna: bool = False,
+                 every_program: list[ProgramRow] | None = None
                  ) -> tuple[dict, list[ProgramRow]]:
-    """(progress of ``job``, its programs in the job's order)."""
+    """(progress of ``job``, its programs in the job's order); ``every_program``: all
+    program rows, read once for many jobs."""
     now = now or datetime.now(timezone.utc)
     plan = job_plan(job["job_path"], job["job_key"])
     hashes = list(prefixes)
     if plan is not None:
         hashes += [h[:16] for _, h, _ in plan.programs if h[:16] not in hashes]
-    rows = reader.programs(hashes=hashes, optuna=optuna)
+    if every_program is not None:
+        wanted = set(hashes)
+        rows = [r for r in every_program if r.program_hash[:16] in wanted]
+    else:
+        rows = reader.programs(hashes=hashes, optuna=optuna)
     waiting = []
     if plan is not None:  # the job's own shapes, in its order
         wanted = {(h, _canon(s)): i for i, (_, h, s) in enumerate(plan.programs)}
@@ -136,5 +142,9 @@ def _canon(shapes: Any) -> str:
 
 def all_jobs(reader: Reader, now: datetime | None = None) -> list[dict]:
     jobs = reader.jobs()
-    prefixes = reader.job_program_hashes([j["id"] for j in jobs]) if jobs else {}
-    return [job_progress(reader, j, prefixes.get(j["id"], []), now)[0] for j in jobs]
+    if not jobs:
+        return []
+    prefixes = reader.job_program_hashes([j["id"] for j in jobs])
+    every = reader.programs(optuna=False)
+    return [job_progress(reader, j, prefixes.get(j["id"], []), now, every_program=every)[0]
+            for j in jobs]

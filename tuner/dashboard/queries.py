@@ -158,7 +158,9 @@ class DeviceProgress:
         best = self.best
         return {"device_key": self.device_key, "trials": self.trials, "timings": self.timings,
                 "statuses": self.statuses, "failed": self.failed,
-                "failed_trials": self.trials - self.statuses.get("ok", 0), "skipped": self.skipped,
+                "failed_trials": self.trials - self.statuses.get("ok", 0),
+                "failed_text": ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())
+                                         if k != "ok" and v), "skipped": self.skipped,
                 "optuna": self.optuna, "first_at": iso(self.first_at),
                 "last_at": iso(self.last_at), "best_first_s": self.best_first_s,
                 "best": None if best is None else {
@@ -553,9 +555,17 @@ class Reader:
             b = conn.execute(select(best_t.c.source, best_t.c.time_s, best_t.c.baseline_s,
                                     best_t.c.updated_at, best_t.c.device_key)
                              .where(best_t.c.trial_id == trial_id)).first()
+            study_id = None
+            if r.study_name:
+                try:
+                    with conn.begin_nested() if conn.dialect.name == "postgresql" else _null():
+                        study_id = conn.execute(select(studies_t.c.study_id).where(
+                            studies_t.c.study_name == r.study_name)).scalar()
+                except (OperationalError, ProgrammingError, NoSuchTableError):
+                    study_id = None  # no Optuna tables in this database
         return {
             "trial_id": r.id, "device_key": r.device_key, "config": loads(r.config_json),
-            "study_name": r.study_name, "trial_number": r.trial_number,
+            "study_name": r.study_name, "trial_number": r.trial_number, "study_id": study_id,
             "structure_id": r.structure_id, "structure_hash": r.structure_hash,
             "structure": loads(r.structure_json), "verification": loads(r.verification_json),
             "num_kernels": r.num_kernels, "bytes_moved": r.bytes_moved,

@@ -113,7 +113,10 @@
         if (d) {
           const b = d.best;
           cells.push(el("td", {}, d.device_key), num(d.trials), num(d.statuses.ok || 0),
-            num(d.failed_trials), num(d.skipped), num(b ? ms(b.time_s) : "-"),
+            d.failed_trials ? el("td", {class: "num"}, el("a", {title: d.failed_text,
+              href: `/failures?program=${encodeURIComponent(p.name)}&device=${encodeURIComponent(d.device_key)}`},
+              d.failed_trials)) : num(0),
+            num(d.skipped), num(b ? ms(b.time_s) : "-"),
             num(b ? ms(b.baseline_s) : "-"),
             num(b && b.speedup ? b.speedup.toFixed(2) + "x" : "-"),
             el("td", {}, b ? link(`/kernels/${b.trial_id}`,
