@@ -199,8 +199,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _best_at_stored_shapes(args: argparse.Namespace, program: Any, database: Any
-                           ) -> tuple[Any, Any]:
+def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: object
+                           ) -> tuple[object, object]:
     """``tuner best NAME`` without ``--set`` when nothing is stored at the default shapes:
     the best kernel at the only shapes the database holds the program at (saying so on
     stderr), or an error listing the shapes it holds with the ``--set`` line of each."""
