@@ -116,6 +116,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     program = load_program(args.program, parse_pairs(args.set))
     with db.connect(args.db, migrate_schema=False) as database:
         record = best(program, device=args.device, database=database)
+        if record is None and not args.set:  # tuned only at other shapes? (issue 10, item 6)
+            program, record = _best_at_stored_shapes(args, program, database)
         if record is None:
             raise InputError(launch_hint(program.name, program.inputs))
         timings = sum(m.status == "ok" for m in database.measurements(record.trial_id))
@@ -141,6 +143,44 @@ def cmd_best(args: argparse.Namespace) -> int:
           f"{record.structure_hash[:16]}, config {cfg or '(none)'}\n"
           f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints it")
     return 0
+
+
+def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: object
+                           ) -> tuple[object, object]:
+    """``tuner best NAME`` without ``--set`` when nothing is stored at the default shapes:
+    the best kernel at the only shapes the database holds the program at (saying so on
+    stderr), or an error listing the shapes it holds with the ``--set`` line of each."""
+    from search.suite import load_program
+
+    from .cached import best
+
+    found = []
+    for summary in database.programs():
+        shapes = json.loads(summary.shapes_key)
+        if summary.name != program.name or summary.dtype != program.dtype \
+                or not isinstance(shapes, dict):
+            continue
+        sets = {k: "x".join(map(str, v)) for k, v in shapes.items()}
+        try:
+            candidate = load_program(args.program, sets)
+        except Exception:  # shapes this program file no longer accepts
+            continue
+        record = best(candidate, device=args.device, database=database)
+        if record is not None:
+            found.append((candidate, record, " ".join(f"--set {k}={v}" for k, v in
+                                                      sets.items())))
+    if len(found) == 1:
+        candidate, record, line = found[0]
+        print(f"tuner best: nothing stored for {program.name} at its default shapes; the "
+              f"database holds it only at {line.replace('--set ', '')}: answering for those",
+              file=sys.stderr)
+        return candidate, record
+    if found:
+        db_arg = f" --db {args.db}" if args.db else ""
+        lines = "\n".join(f"  tuner best {args.program} {line}{db_arg}" for _, _, line in found)
+        raise InputError(f"nothing stored for {program.name} at its default shapes; the database"
+                         f" holds it at {len(found)} other shapes, choose one:\n{lines}")
+    return program, None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
