@@ -190,18 +190,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     if args.watch is not None and not args.watch > 0:
         raise InputError(f"--watch {args.watch:g}: give the seconds between updates, > 0")
-    while True:
+    if args.watch is None:
         st = status(args.db)
-        text = as_json(st) if args.json else format_status(st)
-        if args.watch is None:
-            print(text)
-            return 0
-        clear = "\033[2J\033[H" if sys.stdout.isatty() else ""
-        print(f"{clear}{text}\n(every {args.watch:g} s; Ctrl-C to stop)", flush=True)
-        try:
+        print(as_json(st) if args.json else format_status(st))
+        return 0
+    try:  # Ctrl-C stops the watch wherever it lands: while reading, printing or waiting
+        while True:
+            st = status(args.db)
+            text = as_json(st) if args.json else format_status(st)
+            clear = "\033[2J\033[H" if sys.stdout.isatty() else ""
+            print(f"{clear}{text}\n(every {args.watch:g} s; Ctrl-C to stop)", flush=True)
             time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
