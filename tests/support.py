@@ -78,7 +78,7 @@ def kernel_tuner_cache(directory: Path, name: str = "A100",
     return str(path)
 
 
-# Malformed job files (tests/test_jobfile.py checks each one's error; tests/test_launch.py
+# Malformed job files (tests/tuner/test_jobfile.py checks each one's error; tests/tuner/test_launch.py
 # that `tuner launch` refuses them without touching the database):
 # (job text, line, key path, a fragment of the reason)
 MALFORMED = [

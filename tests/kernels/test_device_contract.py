@@ -6,7 +6,7 @@
 - the replay device answers a recorded trial exactly as it was recorded, a missing config as
   ``invalid``, and refuses to run a kernel;
 - the cuda device's launches match the plan and its source on a stand-in CuPy that compiles
-  with nvcc and records launches (where no GPU exists; tests/test_gpu.py runs the real one):
+  with nvcc and records launches (where no GPU exists; tests/kernels/test_gpu.py runs the real one):
   every kernel a launch names exists, grids and blocks fit the GPU, every parameter is passed.
 """
 
@@ -156,7 +156,7 @@ def test_cuda_launches_match_the_plan_on_a_stand_in_cupy(tmp_path, softmax):
 def test_cuda_here_is_either_usable_or_says_why(softmax):
     ok, reason = cuda_available()
     if ok:
-        pytest.skip("a GPU is usable here: tests/test_gpu.py runs it")
+        pytest.skip("a GPU is usable here: tests/kernels/test_gpu.py runs it")
     with pytest.raises(DeviceUnavailable) as err:
         get_device("cuda")
     assert reason in str(err.value) and "\n" not in str(err.value)

@@ -32,7 +32,7 @@ if not Path(CHROMIUM).exists():
 
 import db  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TUNER = [sys.executable, "-m", "tuner.cli"]
 XSS = "<script>alert(1)</script>"
 JOB = """

@@ -26,7 +26,7 @@ import tuner
 from tuner.confirm import TIMINGS
 from verifier import DEFAULT_TESTS, equivalent
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TUNER = [sys.executable, "-m", "tuner.cli"]
 
 JOB = """

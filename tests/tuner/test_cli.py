@@ -12,7 +12,7 @@ import pytest
 from search import builtin_names, from_json, load_program, structural_hash, to_json
 from tuner.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--set", "X=2x16", "--set", "W=16x16"]
 
 

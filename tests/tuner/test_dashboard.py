@@ -33,7 +33,7 @@ from tuner.dashboard import RemoteBindRefused, check_host, create_app  # noqa: E
 from tuner.dashboard.cluster import ClusterView  # noqa: E402
 from tuner.dashboard.queries import Reader  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 XSS = "<script>alert(1)</script>"
 DEVICE = "cpu:test-cpu:2c"
 

@@ -128,7 +128,7 @@ def test_sampler_model_falls_back_without_a_model_then_uses_the_trained_one(tmp_
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     url = f"sqlite:///{tmp_path / 'launch.db'}"
 
     def launch(trials: int) -> subprocess.CompletedProcess:
