@@ -67,6 +67,7 @@ def format_summary(result: LaunchResult) -> str:
                      f"{r.speedup:.2f}x" if r.speedup else "-",
                      f"{r.structures_tuned}/{r.structures_found}",
                      f"{r.trials} ({r.new_trials} new)", fails or "none",
+                     f"library (tuned {ms(r.tuned_s, unit='')} ms)" if r.library else
                      f"{(r.best_structure or '-')[:12]} {cfg}".strip()))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
@@ -111,7 +112,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     import db
     from search.suite import load_program
 
-    from .cached import best, launch_hint
+    from .cached import best, launch_hint, tuned_best
 
     program = load_program(args.program, parse_pairs(args.set))
     with db.connect(args.db, migrate_schema=False) as database:
@@ -121,12 +122,17 @@ def cmd_best(args: argparse.Namespace) -> int:
         if record is None:
             raise InputError(launch_hint(program.name, program.inputs))
         timings = sum(m.status == "ok" for m in database.measurements(record.trial_id))
+        tuned_s = tuned_best(database, record.program_hash, record.shapes_key, record.dtype,
+                             record.device_key) if record.library else None
     if args.json:
         d = {k: getattr(record, k) for k in record.__dataclass_fields__ if k != "structure"}
         d["updated_at"] = record.updated_at.isoformat()
         d["speedup"] = record.speedup
         d["timings"] = timings
         d["program"] = program.name
+        d["library"] = record.library
+        if record.library:
+            d["tuned_s"] = tuned_s
         if not args.source:
             d.pop("source")
         print(json.dumps(d, indent=2, default=str))
@@ -137,6 +143,16 @@ def cmd_best(args: argparse.Namespace) -> int:
     cfg = config_text(record.config)
     speed = f"{record.speedup:.2f}x over op-by-op" if record.speedup else "no baseline"
     shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in program.inputs.items())
+    if record.library:
+        margin = (f"{tuned_s / record.time_s:.2f}x faster than the fastest tuned kernel "
+                  f"({ms(tuned_s)})") if tuned_s else "no tuned kernel passed"
+        print(f"{program.name} ({shapes}, {record.dtype}) on {record.device_key}\n"
+              f"  the library wins: numpy op by op (BLAS for matmul) {ms(record.time_s)}"
+              f"{f', median of {timings} timings' if timings > 1 else ''}, {margin}; "
+              f"tuner.load returns the library path\n"
+              f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints the "
+              "graph it runs")
+        return 0
     print(f"{program.name} ({shapes}, {record.dtype}) on {record.device_key}\n"
           f"  best kernel: {ms(record.time_s)}"
           f"{f', median of {timings} timings' if timings > 1 else ''} ({speed}); structure "

@@ -74,7 +74,7 @@ class SearchSpec:
 
     max_kernel_ops: int = Limits.max_kernel_ops
     max_block_ops: int = Limits.max_block_ops
-    max_block_inputs: int = Limits.max_block_inputs
+    max_block_inputs: int | None = Limits.max_block_inputs  # None: max(3, program inputs)
     max_grid_dims: int = Limits.max_grid_dims
     block_ops: tuple[str, ...] = DEFAULT_BLOCK_OPS
     kernel_ops: tuple[str, ...] = DEFAULT_KERNEL_OPS
