@@ -16,7 +16,7 @@ from search import ShapeError, structural_hash
 from tuner.mirage_compat import to_program
 from verifier import FloatArith, run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A Mirage script (rms_norm + matmul, Mirage's own demo at small shapes) as a user would
 # bring it: only `import mirage as mi` became `import tuner as mi`, and the inputs are CPU

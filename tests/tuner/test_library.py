@@ -19,7 +19,7 @@ import tuner
 from kernels import LibraryKernel, library_kernel
 from search.suite import load_program
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TUNER = [sys.executable, "-m", "tuner.cli"]
 
 # A plain matmul.  On the development VM (AMD EPYC, AVX-512, loaded) the generated kernels
