@@ -36,8 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import db  # noqa: E402
-from search.serialize import to_obj  # noqa: E402
-from search.suite import load_program  # noqa: E402
+from search import load_program, to_obj  # noqa: E402
 from tuner import api  # noqa: E402
 from tuner.cached import program_key  # noqa: E402
 from tuner.jobfile import load_job  # noqa: E402

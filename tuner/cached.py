@@ -16,10 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import db
-from search import KernelGraph, structural_hash
-from search.lang import Program
-from search.serialize import from_obj
-from search.suite import load_program
+from search import KernelGraph, Program, from_obj, load_program, structural_hash
 
 from .api import InputError
 

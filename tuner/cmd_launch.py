@@ -110,7 +110,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_best(args: argparse.Namespace) -> int:
     import db
-    from search.suite import load_program
+    from search import load_program
 
     from .cached import best, launch_hint, tuned_best
 
@@ -166,7 +166,7 @@ def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: 
     """``tuner best NAME`` without ``--set`` when nothing is stored at the default shapes:
     the best kernel at the only shapes the database holds the program at (saying so on
     stderr), or an error listing the shapes it holds with the ``--set`` line of each."""
-    from search.suite import load_program
+    from search import load_program
 
     from .cached import best
 

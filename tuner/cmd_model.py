@@ -175,7 +175,7 @@ def _ranked(database: Any, model: Any, args: argparse.Namespace) -> list[dict]:
     import costmodel
     import db
     from kernels import config_space
-    from search.serialize import from_obj
+    from search import from_obj
 
     from ._model_sampler import predicted_order
 
@@ -204,7 +204,7 @@ def _ranked(database: Any, model: Any, args: argparse.Namespace) -> list[dict]:
 
 def _stored_structures(database: Any, args: argparse.Namespace) -> list:
     import costmodel
-    from search.suite import load_program
+    from search import load_program
 
     from .cached import program_key
 

@@ -7,8 +7,7 @@ import json
 import time
 
 from cluster import SearchResult, search_program
-from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
-from search.suite import load_program
+from search import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits, load_program
 
 from ._console import Progress
 from .api import InputError, parse_pairs

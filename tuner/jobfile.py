@@ -19,10 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
-from search.lang import Program, ProgramError, load_program_file, parse_program
-from search.ops import BLOCK, COMPUTE_OPS, KERNEL, OPS
-from search.suite import builtin_names, builtin_program
+from search import (
+    BLOCK,
+    COMPUTE_OPS,
+    DEFAULT_BLOCK_OPS,
+    DEFAULT_KERNEL_OPS,
+    KERNEL,
+    OPS,
+    Limits,
+    Program,
+    ProgramError,
+    builtin_names,
+    builtin_program,
+    load_program_file,
+    parse_program,
+)
 
 if TYPE_CHECKING:
     import optuna

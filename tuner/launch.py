@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import db
-from search import KernelGraph
-from search.serialize import to_obj
+from search import KernelGraph, to_obj
 from verifier import DEFAULT_TESTS
 
 from ._console import Progress, ms
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
     import optuna
 
     from cluster import LocalExecutor, RayExecutor, SearchResult, SlotPool
-    from search.lang import Program
+    from search import Program
 
     Executor = LocalExecutor | RayExecutor
 

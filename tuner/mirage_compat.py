@@ -26,9 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from search import KernelGraph, ShapeError, structural_hash
-from search.lang import Program, parse_program
-from search.ops import DTYPES
+from search import DTYPES, KernelGraph, Program, ShapeError, parse_program, structural_hash
 
 # Mirage's dtype names; the tuner's dtypes are plain strings.
 float16 = "float16"
@@ -250,6 +248,6 @@ def _check_strides(dims: tuple[int, ...], strides: Sequence[int] | None) -> None
 
 
 def _attr_names(kind: str) -> tuple[str, ...]:
-    from search.ops import OPS
+    from search import OPS
 
     return OPS[kind].attrs

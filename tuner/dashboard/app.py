@@ -301,7 +301,7 @@ def _source(data: dict) -> tuple[str | None, str]:
         return data["best"]["source"], "stored with the best kernel"
     try:
         from kernels import get_device
-        from search.serialize import from_obj
+        from search import from_obj
 
         kind = "cpu" if str(data["device_key"]).startswith("cpu") else "cuda"
         device = get_device(kind)
