@@ -387,3 +387,26 @@ def test_postgresql_pages_totals_and_read_only(pg_url):
             with reader.engine.connect() as conn:
                 conn.execute(text("DELETE FROM tuner_jobs"))
                 conn.commit()
+
+
+def test_predicted_vs_measured_needs_a_model_then_shows_its_predictions(tmp_path):
+    """Without a stored cost model the API says how to make one; with one, every ok first
+    timing of the program x device gets the model's prediction beside it."""
+    import costmodel
+
+    url = f"sqlite:///{tmp_path / 'pred.db'}"
+    ids = fill(url, xss=False)
+    pid = ids["programs"][0]
+    path = f"/api/programs/{pid}/predicted?device={DEVICE}"
+    with TestClient(create_app(url)) as c:
+        r = c.get(path).json()
+        assert r["model"] is None and "tuner model train" in r["reason"]
+        assert c.get(f"/api/programs/{pid}/predicted").status_code == 400
+    with db.connect(url) as database:
+        trained = costmodel.train(database, device_key=DEVICE, kind="gbdt",
+                                  options={"trees": 20})
+    with TestClient(create_app(url)) as c:
+        r = c.get(path).json()
+    assert r["model"]["id"] == trained["model_id"] and r["model"]["kind"] == "gbdt"
+    assert sorted(p["measured"] for p in r["points"]) == [1e-6, 2e-6, 2.5e-6, 3e-6]
+    assert all(p["predicted"] > 0 for p in r["points"]) and r["kendall_tau"] is not None

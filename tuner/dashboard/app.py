@@ -187,6 +187,26 @@ def create_app(url: str | None = None, *, address: str | None = None,
             return api({"error": "give /api/programs/ID/series?device=KEY"}, 400)
         return api(await run(reader.series, pid, device))
 
+    predictions: dict[tuple, dict] = {}  # (program, device, ok timings there) -> answer
+
+    def predicted_data(pid: int, device: str) -> dict:
+        """The cost model's predictions, recomputed only when new timings arrived there."""
+        from .predicted import predicted_vs_measured
+
+        version = (pid, device, reader.series(pid, device).get("trials"))
+        if version not in predictions:
+            if len(predictions) > 64:
+                predictions.clear()
+            predictions[version] = predicted_vs_measured(reader.engine, pid, device)
+        return predictions[version]
+
+    async def predicted_api(request: Request) -> Response:
+        pid = int_param(request, "program_id")
+        device = request.query_params.get("device", "")
+        if pid is None or not device:
+            return api({"error": "give /api/programs/ID/predicted?device=KEY"}, 400)
+        return api(await run(predicted_data, pid, device))
+
     # -- kernels --------------------------------------------------------------------------
 
     def kernel_data(trial_id: int) -> dict | None:
@@ -266,6 +286,7 @@ def create_app(url: str | None = None, *, address: str | None = None,
         Route("/api/jobs/{job_id}", job_api),
         Route("/api/programs/{program_id}", program_api),
         Route("/api/programs/{program_id}/series", series_api),
+        Route("/api/programs/{program_id}/predicted", predicted_api),
         Route("/api/kernels/{trial_id}", kernel_api),
         Route("/api/failures", failures_api),
         Route("/api/cluster", cluster_api),

@@ -152,6 +152,8 @@
       if (!host || typeof Chart === "undefined") return;
       const bestCanvas = el("canvas", {"aria-label": "best so far"});
       const scatterCanvas = el("canvas", {"aria-label": "every trial"});
+      const predCanvas = el("canvas", {"aria-label": "predicted vs measured"});
+      const predNote = el("span", {class: "muted pred-note"}, "");
       const modeSel = el("select", {class: "mode"},
         el("option", {value: "trial"}, "over trials"), el("option", {value: "t"}, "over wall time"));
       const paramSel = el("select", {class: "param"});
@@ -161,10 +163,14 @@
           el("figure", {class: "best-chart"}, el("figcaption", {}, "best so far ", modeSel),
             el("div", {class: "canvas"}, bestCanvas)),
           el("figure", {class: "scatter-chart"}, el("figcaption", {}, "every trial vs ", paramSel),
-            el("div", {class: "canvas"}, scatterCanvas))));
+            el("div", {class: "canvas"}, scatterCanvas)),
+          el("figure", {class: "predicted-chart"},
+            el("figcaption", {}, "cost model: predicted vs measured ", predNote),
+            el("div", {class: "canvas"}, predCanvas))));
       host.append(card);
       c = charts[key] = {pid: p.id, device: d.device_key, trials: -1, mode: "trial",
-        param: null, data: null, card: card, modeSel: modeSel, paramSel: paramSel};
+        param: null, data: null, card: card, modeSel: modeSel, paramSel: paramSel,
+        predNote: predNote};
       c.best = new Chart(bestCanvas, {
         type: "line",
         data: {datasets: [{label: "best first timing (ms)", data: [], stepped: "after",
@@ -184,6 +190,15 @@
                    y: {title: {display: true, text: "ms"}}},
           plugins: {legend: {display: false}}},
       });
+      c.pred = new Chart(predCanvas, {
+        type: "scatter",
+        data: {datasets: [{label: "trial", data: [], pointRadius: 2,
+          borderColor: "#2da44e", backgroundColor: "#2da44e"}]},
+        options: {animation: false, maintainAspectRatio: false, parsing: false,
+          scales: {x: {type: "logarithmic", title: {display: true, text: "measured ms"}},
+                   y: {type: "logarithmic", title: {display: true, text: "predicted ms"}}},
+          plugins: {legend: {display: false}}},
+      });
       modeSel.addEventListener("change", () => { c.mode = modeSel.value; drawCharts(c); });
       paramSel.addEventListener("change", () => { c.param = paramSel.value; drawCharts(c); });
     }
@@ -191,6 +206,8 @@
       c.trials = d.trials;
       const url = `/api/programs/${p.id}/series?device=${encodeURIComponent(d.device_key)}`;
       getJSON(url).then((s) => { c.data = s; drawCharts(c); }).catch(() => {});
+      const purl = `/api/programs/${p.id}/predicted?device=${encodeURIComponent(d.device_key)}`;
+      getJSON(purl).then((r) => drawPredicted(c, r)).catch(() => {});
     }
   }
 
@@ -226,6 +243,14 @@
     }
     c.scatter.update("none");
     c.card.dataset.points = String(pts.length);
+  }
+
+  function drawPredicted(c, r) {
+    c.pred.data.datasets[0].data = (r.points || []).map((q) => ({x: q.measured * 1e3, y: q.predicted * 1e3}));
+    c.pred.update("none");
+    const tau = r.kendall_tau === null || r.kendall_tau === undefined ? "" : ` · Kendall tau ${r.kendall_tau.toFixed(2)}`;
+    c.predNote.textContent = r.model ? `model ${r.model.id} (${r.model.kind})${tau}${r.reason ? " · " + r.reason : ""}` : (r.reason || "");
+    c.card.dataset.predicted = String((r.points || []).length);
   }
 
   // -- cluster page ----------------------------------------------------------------------
