@@ -24,8 +24,9 @@ FAULTS = {  # statements put first in the first kernel's body
     "crash": "{ volatile float* p = nullptr; *p = 1.0f; }",  # SIGSEGV / illegal address
     "hang": "for (volatile int spin = 0; ; ) { (void)spin; }",  # never returns
     "compile": "this does not compile;",
-    # correct but slow: ~20M dependent steps first (tens of ms), so the library path wins
-    "slow": "for (volatile long spin = 0; spin < 20000000; spin = spin + 1) { }",
+    # correct but slow: 400M dependent steps first (~0.1 s; 20M, ~6 ms, lost to numpy on a
+    # loaded machine), so the library path wins
+    "slow": "for (volatile long spin = 0; spin < 400000000; spin = spin + 1) { }",
 }
 ENTRIES = ('extern "C" void kernel(', 'extern "C" __global__')
 
