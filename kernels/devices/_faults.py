@@ -2,7 +2,7 @@
 
 ``TUNER_FAULT_TRIALS=crash@1,hang@3,compile@5`` makes the 1st trial of each device in this
 process segfault (cpu) or fault on an illegal address (cuda), the 3rd never return and the 5th
-fail to compile (``slow@N``: the Nth computes the right result, tens of ms late).  The faults are real kernels, so a drill exercises the whole isolation path
+fail to compile (``slow@N``: the Nth computes the right result, ~0.1 s late).  The faults are real kernels, so a drill exercises the whole isolation path
 of a launch — worker replaced, trial stored with its status, tuning goes on — where a mock
 could not.  ``get_device`` wraps a device in ``FaultDrill`` only when the variable is set.
 """
