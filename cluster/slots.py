@@ -179,10 +179,18 @@ class MeasureSlot:
 def node_label() -> str:
     """Where a measurement ran, for the ``host`` column: the host name, and in a Ray worker
     the Ray node's id (several nodes of one machine, e.g. ``ray.cluster_utils``, share a
-    host name)."""
+    host name) and the GPU Ray gave the slot (``host:node:gpu1``)."""
     node = _ray_node_id()
     host = socket.gethostname()
-    return f"{host}:{node[:12]}" if node else host
+    if not node:
+        return host
+    try:
+        import ray
+
+        gpus = ray.get_gpu_ids()
+    except Exception:  # noqa: BLE001 - not in a worker: no GPU of its own
+        gpus = []
+    return f"{host}:{node[:12]}" + (f":gpu{','.join(map(str, gpus))}" if gpus else "")
 
 
 def _ray_node_id() -> str | None:
@@ -202,7 +210,8 @@ class SlotPool:
 
     ``device``: ``cpu``, ``cuda`` / ``cuda:N``, or a ``kernels.Device`` object made in the
     driver (a replay device: it takes a GPU slot as ``cuda`` does).  ``resources``: Ray
-    resources of each slot actor (default ``num_gpus=1``, a cpu slot ``num_cpus=0``).
+    resources of each slot actor (default ``num_gpus=1, num_cpus=0``; a cpu slot
+    ``num_cpus=0``).
 
     Faults: a slot whose actor dies (its node removed, its process killed) is replaced by a
     new actor where the cluster still has room (``replaced`` counts them), and the request it
@@ -218,8 +227,10 @@ class SlotPool:
         self.ray = ray
         self.device = device
         # a cpu slot reserves no CPU: it times only while the search tasks are idle
+        # a GPU slot reserves no CPU either (an actor asking for none would hold one CPU to
+        # be placed: on nodes of one CPU, GPU slots then waited for the search tasks)
         self.resources = resources if resources is not None else (
-            {"num_cpus": 0} if device == "cpu" else {"num_gpus": 1})
+            {"num_cpus": 0} if device == "cpu" else {"num_cpus": 0, "num_gpus": 1})
         self.retries, self.replaced = retries, 0
         self._actor = ray.remote(max_restarts=0, max_task_retries=0,
                                  **self.resources)(MeasureSlot)

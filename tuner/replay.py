@@ -95,7 +95,7 @@ def replay_slots() -> tuple[int, dict[str, Any]]:
     import ray
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    return (gpus, {"num_gpus": 1}) if gpus else (1, {"num_cpus": 0})
+    return (gpus, {"num_cpus": 0, "num_gpus": 1}) if gpus else (1, {"num_cpus": 0})
 
 
 class ReplayStudyRunner(StudyRunner):
