@@ -178,3 +178,19 @@ def test_launch_joins_a_cluster_started_with_the_ray_cli(ray_head: str, tmp_path
     hosts = {m.host for m in measurements}
     assert len({h.split(":")[1] for h in hosts}) == 1  # one node, the head
     assert {h.rsplit(":", 1)[1] for h in hosts} == {"gpu0", "gpu1"}  # both its GPU slots
+
+
+def test_a_join_that_fails_for_want_of_a_token_says_what_to_do_in_one_line(monkeypatch) -> None:
+    import ray
+
+    from cluster import ClusterJoinError, join_ray
+
+    def refuse(**_kwargs):  # what ray.init raises after ~20 s of InvalidAuthToken lines
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379")
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as on a machine without the token
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(ClusterJoinError) as err:
+        join_ray("10.0.0.5:6379")
+    msg = str(err.value)
+    assert "\n" not in msg and "~/.ray/auth_token" in msg and "RAY_AUTH_TOKEN" in msg
