@@ -239,7 +239,8 @@ class JobRun:
                 if entry.space is not None:
                     from .replay import run_replay
 
-                    reports += run_replay(self, database, entry, storage, timings)
+                    reports += run_replay(self, database, entry, storage, timings,
+                                          ProgramReport)
                     continue
                 reports += self._program(database, record.id, entry, executor, pools, storage,
                                          timings)

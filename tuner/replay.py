@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from costmodel import KernelTunerSpace
 
     from .jobfile import ProgramEntry
-    from .launch import JobRun, ProgramReport
 
 # Kernel Tuner's failure markers -> measurement statuses (as ``tuner import kernel-tuner``)
 KT_STATUS = {"CompilationFailedConfig": "compile_error", "RuntimeFailedConfig": "runtime_error",
@@ -105,12 +104,13 @@ class ReplayStudyRunner(StudyRunner):
         return None
 
 
-def run_replay(run: JobRun, database: db.Database, entry: ProgramEntry,
-               storage: Any, timings: dict[str, Any]) -> list[ProgramReport]:
-    """Tune one Kernel Tuner space on the replay device (see the module docstring)."""
-    from cluster import SlotPool
+def run_replay(run: Any, database: db.Database, entry: ProgramEntry, storage: Any,
+               timings: dict[str, Any], report: type) -> list:
+    """Tune one Kernel Tuner space on the replay device (see the module docstring).
 
-    from .launch import ProgramReport
+    ``run``: the ``tuner.launch.JobRun``; ``report``: its ``ProgramReport`` class (passed in:
+    this module does not import ``tuner.launch``, which imports it)."""
+    from cluster import SlotPool
 
     space = entry.space
     program, phash = space_identity(space)
@@ -128,7 +128,7 @@ def run_replay(run: JobRun, database: db.Database, entry: ProgramEntry,
         run.log(f"{space.kernel}: Kernel Tuner space of {len(space.configs)} configs on "
                 f"{space.device}, replayed on {slots} slot(s) over "
                 f"{len({n for _, n in pool.placement()})} node(s)")
-        rep = ProgramReport(space.kernel, shapes, pool.key, structures_found=1)
+        rep = report(space.kernel, shapes, pool.key, structures_found=1)
         tuning = run.job.tuning
         runner = ReplayStudyRunner(database, storage, tuning.make_sampler, pool,
                                    trials=tuning.trials_per_structure, seed=tuning.seed or 0,
