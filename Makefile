@@ -32,7 +32,7 @@ test: $(STAMP)
 # The cuda device on this machine's GPU: every test marked gpu (they skip, saying why, where
 # no GPU or no CuPy is usable), with each program's fused vs op-by-op CuPy times printed.
 gpu-test: $(STAMP)
-	$(BIN)/python -m pytest -m gpu -rs -s tests/test_gpu.py
+	$(BIN)/python -m pytest -m gpu -rs -s tests/kernels/test_gpu.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

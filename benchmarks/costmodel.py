@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--spaces", default="convolution,dedispersion")
     ap.add_argument("--splits", default="device,random")
     ap.add_argument("--models", default="roofline,gbdt,graphsage")
-    ap.add_argument("--steps", type=int, default=3000, help="GraphSAGE training steps")
+    ap.add_argument("--steps", type=int, default=6000, help="GraphSAGE training steps")
     ap.add_argument("--sweep", nargs="*", default=[], help="benchmarks/sweep.py outputs")
     ap.add_argument("--json", help="write every figure to this file")
     args = ap.parse_args()

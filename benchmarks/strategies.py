@@ -51,8 +51,8 @@ from costmodel import (  # noqa: E402
     kernel_tuner_samples,
     make_model,
     read_kernel_tuner,
+    spec_for_key,
 )
-from costmodel._data import replay_spec  # noqa: E402
 
 TARGET = 1.05
 
@@ -146,7 +146,7 @@ def model_ranking(spaces: list[Space], target: Space, kind: str) -> np.ndarray:
     train = concat(*(kernel_tuner_samples(s.raw) for s in spaces if s is not target))
     model = make_model(kind)
     model.fit(train)
-    spec = replay_spec(target.raw.device)
+    spec = spec_for_key(target.raw.device_key)
     rows = [featurize_params(c, target.keys, target.raw.problem_size, spec,
                              group="target", program=target.raw.kernel,
                              device=target.raw.device_key) for c in target.configs]

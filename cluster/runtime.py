@@ -108,8 +108,10 @@ def start_ray(workers: int = 1, address: str | None = None,
     if address:
         join_ray(address)
     else:
-        # workers at normal priority: they are the job, not background work
-        ray.init(num_cpus=workers, num_gpus=num_gpus, include_dashboard=False,
+        # a new embedded instance even when `ray start` left a cluster on this machine (Ray
+        # would join that one and refuse num_cpus); workers at normal priority: they are the
+        # job, not background work
+        ray.init(address="local", num_cpus=workers, num_gpus=num_gpus, include_dashboard=False,
                  log_to_driver=False,
                  logging_level=logging.ERROR, object_store_memory=80 * 1024 * 1024,
                  _system_config={"worker_niceness": 0})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import db
 from kernels import DeviceSpec, get_spec
-from search.serialize import from_obj
+from search import from_obj
 
 from ._data import read_kernel_tuner
 from ._evaluate import cross_validate

@@ -49,6 +49,7 @@ from db._models import (
     TrialRow,
 )
 from db._records import (
+    LIBRARY_PREFIX,
     BestKernel,
     DatabaseError,
     HistoryEntry,
@@ -67,6 +68,7 @@ __all__ = [
     "ALL_DEVICES",
     "DEFAULT_URL",
     "JOB_STATUSES",
+    "LIBRARY_PREFIX",
     "MEASUREMENT_STATUSES",
     "SHARD_STATUSES",
     "VERSION_TABLE",

@@ -31,7 +31,7 @@ from db._models import (
     TrialRow,
     utcnow,
 )
-from db._records import check_choice, check_key, config_hash, json_text, utc
+from db._records import LIBRARY_PREFIX, check_choice, check_key, config_hash, json_text, utc
 
 if TYPE_CHECKING:
     from db._store import Database
@@ -96,7 +96,8 @@ def training_rows(database: Database, device_key: str | None = None) -> list[Tra
             .join(TrialRow, MeasurementRow.trial_id == TrialRow.id)
             .join(StructureRow, TrialRow.structure_id == StructureRow.id)
             .join(ProgramRow, StructureRow.program_id == ProgramRow.id)
-            .where(MeasurementRow.status == "ok", MeasurementRow.attempt == 0)
+            .where(MeasurementRow.status == "ok", MeasurementRow.attempt == 0,
+                   ~StructureRow.structure_hash.startswith(LIBRARY_PREFIX))  # no kernel
             .order_by(MeasurementRow.id))
     if device_key:
         stmt = stmt.where(MeasurementRow.device_key == device_key)

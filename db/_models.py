@@ -4,7 +4,7 @@ Every table is prefixed ``tuner_`` because Optuna's RDB storage lives in the sam
 already owns ``studies``, ``trials``, ``trial_params``... Every table that a retried task could
 write twice has a natural unique key; the write helpers insert with ON CONFLICT DO NOTHING on
 that key, which is what makes writes idempotent. Changing anything here needs a new migration
-in ``db/migrations/versions`` (``tests/test_db.py`` fails when models and migrations drift).
+in ``db/migrations/versions`` (``tests/db/test_db.py`` fails when models and migrations drift).
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ from typing import Any
 
 from db._models import SHAPES_LEN
 
+#: ``structure_hash`` prefix of the structure row standing for the library path (the
+#: reference graph run op by op by numpy / CuPy; verification verdict ``library``): its trial
+#: has config {} and its measurements are the launch's baseline timings.
+LIBRARY_PREFIX = "library:"
+
 
 class DatabaseError(Exception):
     """Base class of errors raised by ``db``."""
@@ -177,6 +182,11 @@ class BestKernel:
         if self.baseline_s is None:
             return None
         return self.baseline_s / self.time_s
+
+    @property
+    def library(self) -> bool:
+        """The library path (the reference op by op) won: no tuned kernel was faster."""
+        return self.structure_hash.startswith(LIBRARY_PREFIX)
 
 
 @dataclass(frozen=True)

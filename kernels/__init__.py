@@ -18,7 +18,7 @@ from importlib import import_module
 _EXPORTS = {
     # lowering
     "lower": "lowering", "concretize": "lowering", "KernelPlan": "lowering", "Level": "lowering",
-    "default_config": "lowering", "astitch_rule": "lowering", "KNOBS": "lowering",
+    "default_config": "lowering", "resolve_spec": "lowering", "astitch_rule": "lowering", "KNOBS": "lowering",
     # rendering
     "render": "rendering",
     # devices
@@ -28,6 +28,8 @@ _EXPORTS = {
     "Timing": "devices", "measure": "devices", "compile_cpp": "devices",
     "CompileError": "devices", "nvcc_check": "devices", "nvcc_available": "devices",
     "random_inputs": "devices", "tolerance": "devices", "thread_env": "devices",
+    "LibraryKernel": "devices", "library_kernel": "devices", "library_source": "devices",
+    "LIBRARY": "devices",
     # the device table
     "DeviceSpec": "hardware", "GPU_SPECS": "hardware", "get_spec": "hardware",
     "local_cpu_spec": "hardware", "cuda_device_spec": "hardware", "device_key": "hardware",

@@ -14,10 +14,13 @@ from .handwritten import HANDWRITTEN, handwritten  # eager: the function, not th
 from .ops import (
     ACCUM_KINDS,
     BINARY_OPS,
+    BLOCK,
+    COMPUTE_OPS,
     DTYPE_BYTES,
     DTYPES,
     EGG_FUNCTIONS,
     ELEMENTWISE_OPS,
+    KERNEL,
     OPS,
     ROW_REDUCTIONS,
     UNARY_OPS,
@@ -40,7 +43,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "ACCUM_KINDS", "BINARY_OPS", "BlockGraph", "Context", "DEFAULT_BLOCK_OPS",
+    "ACCUM_KINDS", "BINARY_OPS", "BLOCK", "BlockGraph", "COMPUTE_OPS", "KERNEL", "Context", "DEFAULT_BLOCK_OPS",
     "DEFAULT_KERNEL_OPS", "DTYPES", "DTYPE_BYTES", "EGG_FUNCTIONS", "ELEMENTWISE_OPS", "EXTRA",
     "Executor", "GraphFormatError", "HANDWRITTEN", "KernelGraph", "Limits", "OPS", "OpDef",
     "Program", "ProgramError", "ROW_REDUCTIONS", "SUITE", "SearchResult", "ShapeError",

@@ -126,9 +126,9 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
     ``on_shard`` sees every shard this call runs, as it arrives, so a caller can save it
     before the next one finishes.
     """
-    limits = limits or Limits()
     start = time.perf_counter()
     reference = program.build()
+    limits = (limits or Limits()).for_program(len(reference.input_ids))
     small = small_instance(program).build()
     ctx = Context.build(reference, limits)
     payload = {"reference": to_obj(reference), "small": to_obj(small),

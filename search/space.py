@@ -7,7 +7,7 @@ Both the shard planner (``search.enumerate``) and the block-graph search
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .absexpr import Expressions, SaturatedTarget, saturate, target_expressions
 from .dimclass import DimClasses, dim_classes
@@ -19,15 +19,19 @@ DEFAULT_BLOCK_OPS = ("matmul", "exp", "square", "sqrt", "silu", "sigmoid", "gelu
                      "add", "sub", "mul", "div", "mul_scalar", "sum", "mean", "rms_norm",
                      "accum")
 GRID_SYMBOLS = ("g0", "g1", "g2")
+MIN_BLOCK_INPUTS = 3  # Mirage's default; the adaptive limit never goes below it
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Search limits; the defaults follow Mirage's (5 kernel ops, 11 block ops, 3 inputs)."""
+    """Search limits; the defaults follow Mirage's (5 kernel ops, 11 block ops, 3 inputs),
+    except that block inputs adapt to the program: ``max_block_inputs=None`` (the default)
+    means ``max(3, the program's inputs)`` (``for_program``), so a program reading four
+    tensors (lora) can still be one kernel; a number is used as given."""
 
     max_kernel_ops: int = 5
     max_block_ops: int = 11
-    max_block_inputs: int = 3
+    max_block_inputs: int | None = None
     max_block_outputs: int = 2
     max_grid_dims: int = 2
     kernel_ops: tuple[str, ...] = DEFAULT_KERNEL_OPS
@@ -44,6 +48,16 @@ class Limits:
                 raise ValueError(f"unknown op {name!r} in the search's op lists")
         if not 1 <= self.max_grid_dims <= 3:
             raise ValueError("max_grid_dims must be 1, 2 or 3")
+        if self.max_block_inputs is not None and self.max_block_inputs < 1:
+            raise ValueError("max_block_inputs must be at least 1 (or None: adaptive)")
+
+    def for_program(self, n_inputs: int) -> Limits:
+        """These limits with an adaptive ``max_block_inputs`` resolved for a program of
+        ``n_inputs`` input tensors: at least Mirage's 3, and enough for one kernel to read
+        every input (only lora of the suite reads more than 3)."""
+        if self.max_block_inputs is not None:
+            return self
+        return replace(self, max_block_inputs=max(MIN_BLOCK_INPUTS, n_inputs))
 
 
 @dataclass(frozen=True)
@@ -110,6 +124,7 @@ class Context:
         outputs = target_expressions(reference)
         target = saturate(outputs)
         consts = tuple(sorted({op.attrs["scalar"] for op in reference.ops_of("mul_scalar")}))
+        limits = limits.for_program(len(reference.input_ids))
         return cls(reference, limits, target, [target.eclass(e) for e in outputs], consts)
 
     def useful_ops(self, ops: tuple[str, ...]) -> tuple[str, ...]:

@@ -78,7 +78,7 @@ def kernel_tuner_cache(directory: Path, name: str = "A100",
     return str(path)
 
 
-# Malformed job files (tests/test_jobfile.py checks each one's error; tests/test_launch.py
+# Malformed job files (tests/tuner/test_jobfile.py checks each one's error; tests/tuner/test_launch.py
 # that `tuner launch` refuses them without touching the database):
 # (job text, line, key path, a fragment of the reason)
 MALFORMED = [
@@ -119,3 +119,20 @@ MALFORMED = [
     ("programs: [lora]\ncluster: {workers: 2, workers: 3}\n", 2, "cluster.workers",
      "duplicate key"),
 ]
+
+
+def run_main(capsys, *argv: str) -> tuple[int, str, str]:
+    """``tuner ARGV`` in this process: (exit code, stdout, stderr)."""
+    from tuner.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str, command: str) -> str:
+    """The single ``tuner COMMAND: error: ...`` line a refused command prints."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"tuner {command}: error: "), err
+    return lines[0]

@@ -1,15 +1,17 @@
 """Tuner: a distributed superoptimizer for GPU tensor programs.
 
-The Python face: build programs like Mirage (``new_kernel_graph``), load built-in or file
+The Python face: build programs like Mirage (``new_kernel_graph``; a Mirage script runs with
+``import tuner as mi``, see ``tuner.mirage_compat``), load built-in or file
 programs, check equivalence of µGraphs, run a job file (``launch``) and get the best tuned
 kernel back from the database (``best`` for the record, ``load`` for a callable, ``status``
 for what a database holds).
 """
 
-from search import BlockGraph, KernelGraph, new_block_graph, new_kernel_graph
+from search import BlockGraph, KernelGraph, new_block_graph
 
 from .api import list_programs, load_graph, load_program, program_graph, verify_files
 from .cached import best, load
+from .mirage_compat import KNGraph, bfloat16, float16, float32, new_kernel_graph
 from .status import status
 
 
@@ -20,6 +22,6 @@ def launch(path: str, **kwargs: object) -> object:
     return _launch(path, **kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["BlockGraph", "KernelGraph", "best", "launch", "list_programs", "load",
-           "load_graph", "load_program", "new_block_graph", "new_kernel_graph",
-           "program_graph", "status", "verify_files"]
+__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "best", "bfloat16", "float16", "float32",
+           "launch", "list_programs", "load", "load_graph", "load_program", "new_block_graph",
+           "new_kernel_graph", "program_graph", "status", "verify_files"]

@@ -6,10 +6,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from search import GraphFormatError, KernelGraph, ShapeError, format_graph, from_json, to_json
-from search.handwritten import handwritten
-from search.lang import Program, ProgramError
-from search.suite import builtin_names, load_program, small_instance
+from search import (
+    GraphFormatError,
+    KernelGraph,
+    Program,
+    ProgramError,
+    ShapeError,
+    builtin_names,
+    format_graph,
+    from_json,
+    handwritten,
+    load_program,
+    small_instance,
+    to_json,
+)
 from verifier import DEFAULT_TESTS, Verdict, equivalent
 
 from .jobfile import JobError

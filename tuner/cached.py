@@ -10,15 +10,13 @@ ever returned.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import db
-from search import KernelGraph, structural_hash
-from search.lang import Program
-from search.serialize import from_obj
-from search.suite import load_program
+from search import KernelGraph, Program, from_obj, load_program, structural_hash
 
 from .api import InputError
 
@@ -92,10 +90,31 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
     return kernel_from_record(record, prog.name)
 
 
-def kernel_from_record(record: db.BestKernel, name: str = "kernel") -> Callable[..., list]:
-    """Compile a best-kernel record's stored source for its device and wrap it."""
-    from kernels import get_device
+def tuned_best(database: db.Database, program_hash: str, shapes: Any, dtype: str,
+               device_key: str) -> float | None:
+    """The fastest tuned kernel's time on ``device_key``, the library path aside: the best
+    row's when a kernel holds it, else the lowest median over the trials whose every timing
+    passed (None: no kernel passed)."""
+    best = database.best_kernel(program_hash, shapes, dtype, device_key)
+    if best is not None and not best.library:
+        return best.time_s
+    timings: dict[int, list] = {}
+    for h in database.history(program_hash, shapes, dtype, device_key):
+        if not h.structure_hash.startswith(db.LIBRARY_PREFIX):
+            timings.setdefault(h.trial_id, []).append(h)
+    medians = [statistics.median(h.median_s for h in hs) for hs in timings.values()
+               if all(h.status == "ok" for h in hs)]
+    return min(medians, default=None)
 
+
+def kernel_from_record(record: db.BestKernel, name: str = "kernel") -> Callable[..., list]:
+    """Compile a best-kernel record's stored source for its device and wrap it; where the
+    library path won, the reference graph op by op (``kernels.LibraryKernel``)."""
+    from kernels import get_device, library_kernel
+
+    if record.library:
+        kind = "cpu" if record.device_key.startswith("cpu") else "cuda"
+        return library_kernel(from_obj(record.structure), kind, name)
     structure = from_obj(record.structure)
     config = {k: int(v) for k, v in (record.config or {}).items()}
     device = get_device("cpu" if record.device_key.startswith("cpu") else "cuda")

@@ -14,7 +14,7 @@ from importlib import import_module
 from . import api
 
 COMMAND_MODULES = ("tuner.cmd_search", "tuner.cmd_kernels", "tuner.cmd_launch",
-                   "tuner.cmd_model")
+                   "tuner.cmd_model", "tuner.dashboard.cli")
 
 
 def cmd_programs(args: argparse.Namespace) -> int:

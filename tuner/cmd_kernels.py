@@ -20,11 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from search import GraphFormatError, KernelGraph, structural_hash
-from search.handwritten import handwritten
-from search.lang import Program
-from search.serialize import from_obj
-from search.suite import load_program
+from search import (
+    GraphFormatError,
+    KernelGraph,
+    Program,
+    from_obj,
+    handwritten,
+    load_program,
+    structural_hash,
+)
 
 from ._console import ms
 from .api import InputError, parse_config, parse_pairs
@@ -147,7 +151,7 @@ def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
 
     The default's mapping knobs were chosen for the default symbols, so they are kept only
     when the user's symbols agree with them."""
-    from kernels.lowering import KNOBS, default_config, resolve_spec
+    from kernels import KNOBS, default_config, resolve_spec
 
     spec = resolve_spec(device)
     given = dict(config or {})

@@ -67,6 +67,7 @@ def format_summary(result: LaunchResult) -> str:
                      f"{r.speedup:.2f}x" if r.speedup else "-",
                      f"{r.structures_tuned}/{r.structures_found}",
                      f"{r.trials} ({r.new_trials} new)", fails or "none",
+                     f"library (tuned {ms(r.tuned_s, unit='')} ms)" if r.library else
                      f"{(r.best_structure or '-')[:12]} {cfg}".strip()))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
@@ -109,22 +110,29 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_best(args: argparse.Namespace) -> int:
     import db
-    from search.suite import load_program
+    from search import load_program
 
-    from .cached import best, launch_hint
+    from .cached import best, launch_hint, tuned_best
 
     program = load_program(args.program, parse_pairs(args.set))
     with db.connect(args.db, migrate_schema=False) as database:
         record = best(program, device=args.device, database=database)
+        if record is None and not args.set:  # tuned only at other shapes? (issue 10, item 6)
+            program, record = _best_at_stored_shapes(args, program, database)
         if record is None:
             raise InputError(launch_hint(program.name, program.inputs))
         timings = sum(m.status == "ok" for m in database.measurements(record.trial_id))
+        tuned_s = tuned_best(database, record.program_hash, record.shapes_key, record.dtype,
+                             record.device_key) if record.library else None
     if args.json:
         d = {k: getattr(record, k) for k in record.__dataclass_fields__ if k != "structure"}
         d["updated_at"] = record.updated_at.isoformat()
         d["speedup"] = record.speedup
         d["timings"] = timings
         d["program"] = program.name
+        d["library"] = record.library
+        if record.library:
+            d["tuned_s"] = tuned_s
         if not args.source:
             d.pop("source")
         print(json.dumps(d, indent=2, default=str))
@@ -135,12 +143,60 @@ def cmd_best(args: argparse.Namespace) -> int:
     cfg = config_text(record.config)
     speed = f"{record.speedup:.2f}x over op-by-op" if record.speedup else "no baseline"
     shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in program.inputs.items())
+    if record.library:
+        margin = (f"{tuned_s / record.time_s:.2f}x faster than the fastest tuned kernel "
+                  f"({ms(tuned_s)})") if tuned_s else "no tuned kernel passed"
+        print(f"{program.name} ({shapes}, {record.dtype}) on {record.device_key}\n"
+              f"  the library wins: numpy op by op (BLAS for matmul) {ms(record.time_s)}"
+              f"{f', median of {timings} timings' if timings > 1 else ''}, {margin}; "
+              f"tuner.load returns the library path\n"
+              f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints the "
+              "graph it runs")
+        return 0
     print(f"{program.name} ({shapes}, {record.dtype}) on {record.device_key}\n"
           f"  best kernel: {ms(record.time_s)}"
           f"{f', median of {timings} timings' if timings > 1 else ''} ({speed}); structure "
           f"{record.structure_hash[:16]}, config {cfg or '(none)'}\n"
           f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints it")
     return 0
+
+
+def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: object
+                           ) -> tuple[object, object]:
+    """``tuner best NAME`` without ``--set`` when nothing is stored at the default shapes:
+    the best kernel at the only shapes the database holds the program at (saying so on
+    stderr), or an error listing the shapes it holds with the ``--set`` line of each."""
+    from search import load_program
+
+    from .cached import best
+
+    found = []
+    for summary in database.programs():
+        shapes = json.loads(summary.shapes_key)
+        if summary.name != program.name or summary.dtype != program.dtype \
+                or not isinstance(shapes, dict):
+            continue
+        sets = {k: "x".join(map(str, v)) for k, v in shapes.items()}
+        try:
+            candidate = load_program(args.program, sets)
+        except Exception:  # shapes this program file no longer accepts
+            continue
+        record = best(candidate, device=args.device, database=database)
+        if record is not None:
+            found.append((candidate, record, " ".join(f"--set {k}={v}" for k, v in
+                                                      sets.items())))
+    if len(found) == 1:
+        candidate, record, line = found[0]
+        print(f"tuner best: nothing stored for {program.name} at its default shapes; the "
+              f"database holds it only at {line.replace('--set ', '')}: answering for those",
+              file=sys.stderr)
+        return candidate, record
+    if found:
+        db_arg = f" --db {args.db}" if args.db else ""
+        lines = "\n".join(f"  tuner best {args.program} {line}{db_arg}" for _, _, line in found)
+        raise InputError(f"nothing stored for {program.name} at its default shapes; the database"
+                         f" holds it at {len(found)} other shapes, choose one:\n{lines}")
+    return program, None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -150,18 +206,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     if args.watch is not None and not args.watch > 0:
         raise InputError(f"--watch {args.watch:g}: give the seconds between updates, > 0")
-    while True:
+    if args.watch is None:
         st = status(args.db)
-        text = as_json(st) if args.json else format_status(st)
-        if args.watch is None:
-            print(text)
-            return 0
-        clear = "\033[2J\033[H" if sys.stdout.isatty() else ""
-        print(f"{clear}{text}\n(every {args.watch:g} s; Ctrl-C to stop)", flush=True)
-        try:
+        print(as_json(st) if args.json else format_status(st))
+        return 0
+    try:  # Ctrl-C stops the watch wherever it lands: while reading, printing or waiting
+        while True:
+            st = status(args.db)
+            text = as_json(st) if args.json else format_status(st)
+            clear = "\033[2J\033[H" if sys.stdout.isatty() else ""
+            print(f"{clear}{text}\n(every {args.watch:g} s; Ctrl-C to stop)", flush=True)
             time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "model there (nothing to do without new measurements)")
     _common(q)
     q.add_argument("--kind", choices=("graphsage", "gbdt"), default="graphsage")
-    q.add_argument("--steps", type=int, help="GraphSAGE training steps (default 3000)")
+    q.add_argument("--steps", type=int, help="GraphSAGE training steps (default 6000)")
     q.add_argument("--force", action="store_true", help="train even when up to date")
     q.set_defaults(func=cmd_train)
 
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(q)
     q.add_argument("--split", choices=("random", "program", "device"), required=True,
                    help="random 20%%, leave one program out, or leave one device out")
-    q.add_argument("--steps", type=int, help="GraphSAGE training steps (default 3000)")
+    q.add_argument("--steps", type=int, help="GraphSAGE training steps (default 6000)")
     q.set_defaults(func=cmd_eval)
 
     q = msub.add_parser("predict", help="the configs the stored model ranks fastest for a "
@@ -175,7 +175,7 @@ def _ranked(database: Any, model: Any, args: argparse.Namespace) -> list[dict]:
     import costmodel
     import db
     from kernels import config_space
-    from search.serialize import from_obj
+    from search import from_obj
 
     from ._model_sampler import predicted_order
 
@@ -204,7 +204,7 @@ def _ranked(database: Any, model: Any, args: argparse.Namespace) -> list[dict]:
 
 def _stored_structures(database: Any, args: argparse.Namespace) -> list:
     import costmodel
-    from search.suite import load_program
+    from search import load_program
 
     from .cached import program_key
 

@@ -7,8 +7,7 @@ import json
 import time
 
 from cluster import SearchResult, search_program
-from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
-from search.suite import load_program
+from search import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits, load_program
 
 from ._console import Progress
 from .api import InputError, parse_pairs
@@ -27,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, metavar="S", help="stop after S seconds")
     p.add_argument("--max-kernel-ops", type=int, default=Limits.max_kernel_ops)
     p.add_argument("--max-block-ops", type=int, default=Limits.max_block_ops)
-    p.add_argument("--max-block-inputs", type=int, default=Limits.max_block_inputs)
+    p.add_argument("--max-block-inputs", type=int, default=Limits.max_block_inputs,
+                   help="block inputs per graph-defined kernel (default: max(3, the "
+                        "program's inputs))")
     p.add_argument("--max-grid-dims", type=int, default=Limits.max_grid_dims)
     p.add_argument("--block-ops", help="comma-separated block ops to explore "
                    f"(default: {','.join(DEFAULT_BLOCK_OPS)})")
@@ -49,7 +50,7 @@ def _limits(args: argparse.Namespace) -> Limits:
     if args.kernel_ops:
         kw["kernel_ops"] = tuple(x.strip() for x in args.kernel_ops.split(",") if x.strip())
     for name in ("max_kernel_ops", "max_block_ops", "max_block_inputs"):
-        if kw[name] < 1:
+        if kw[name] is not None and kw[name] < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
     try:
         return Limits(**kw)

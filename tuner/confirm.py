@@ -48,7 +48,8 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
         return out
     trials: dict[int, list[db.HistoryEntry]] = {}
     for h in database.history(key.program_hash, key.shapes, key.dtype, pool.key):
-        trials.setdefault(h.trial_id, []).append(h)
+        if not h.structure_hash.startswith(db.LIBRARY_PREFIX):  # no kernel to re-time
+            trials.setdefault(h.trial_id, []).append(h)
     firsts = sorted(((next(h for h in hs if h.attempt == 0), hs) for hs in trials.values()
                      if any(h.attempt == 0 and h.status == "ok" for h in hs)),
                     key=lambda fh: (fh[0].median_s, fh[0].trial_id))[:top]

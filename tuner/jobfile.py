@@ -19,10 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from search.enumerate import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits
-from search.lang import Program, ProgramError, load_program_file, parse_program
-from search.ops import BLOCK, COMPUTE_OPS, KERNEL, OPS
-from search.suite import builtin_names, builtin_program
+from search import (
+    BLOCK,
+    COMPUTE_OPS,
+    DEFAULT_BLOCK_OPS,
+    DEFAULT_KERNEL_OPS,
+    KERNEL,
+    OPS,
+    Limits,
+    Program,
+    ProgramError,
+    builtin_names,
+    builtin_program,
+    load_program_file,
+    parse_program,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -79,7 +90,7 @@ class SearchSpec:
 
     max_kernel_ops: int = Limits.max_kernel_ops
     max_block_ops: int = Limits.max_block_ops
-    max_block_inputs: int = Limits.max_block_inputs
+    max_block_inputs: int | None = Limits.max_block_inputs  # None: max(3, program inputs)
     max_grid_dims: int = Limits.max_grid_dims
     block_ops: tuple[str, ...] = DEFAULT_BLOCK_OPS
     kernel_ops: tuple[str, ...] = DEFAULT_KERNEL_OPS

@@ -18,17 +18,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import db
-from search import KernelGraph
-from search.serialize import to_obj
+from search import KernelGraph, to_obj
 from verifier import DEFAULT_TESTS
 
 from ._console import Progress, ms
 from .api import InputError, small_instance
-from .cached import program_key
+from .cached import program_key, tuned_best
+from .confirm import TIMINGS
 from .jobfile import JobSpec, ProgramEntry, load_job
 from .tune import StudyOutcome, StudyRunner, StudyTask, study_name
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     import optuna
 
     from cluster import LocalExecutor, RayExecutor, SearchResult, SlotPool
-    from search.lang import Program
+    from search import Program
 
     Executor = LocalExecutor | RayExecutor
 
@@ -71,6 +72,8 @@ class ProgramReport:
     confirmed: int = 0  # configs timed TIMINGS times (tuner.confirm) to pick the best
     confirm_new: int = 0  # re-runs measured by this run
     best_first_s: float | None = None  # the fastest single first timing, for comparison
+    library: bool = False  # the library path (numpy / CuPy op by op) beat every tuned kernel
+    tuned_s: float | None = None  # the fastest tuned kernel's confirmed time, for comparison
 
     @property
     def speedup(self) -> float | None:
@@ -89,7 +92,8 @@ class ProgramReport:
                 "best_structure": self.best_structure, "best_config": self.best_config,
                 "search_s": round(self.search_s, 3), "tune_s": round(self.tune_s, 3),
                 "shards_reused": self.shards_reused, "confirmed": self.confirmed,
-                "confirm_new": self.confirm_new, "best_first_s": self.best_first_s}
+                "confirm_new": self.confirm_new, "best_first_s": self.best_first_s,
+                "library": self.library, "tuned_s": self.tuned_s}
 
 
 @dataclass
@@ -318,25 +322,35 @@ class JobRun:
                 outcome = runner.run(task, key.program_hash)
                 self._merge(rep, outcome)
                 rep.structures_tuned += 1
+            library = LibraryCandidate(database, pid, key, reference, pool)
+            lib_s = library.time(rep.baseline_s, partial(self._baseline, pool, reference))
+            rep.baseline_s = lib_s or rep.baseline_s  # the library's median of its timings
             conf = confirm(database, pool, key, pid, self.job.tuning.confirm,
                            to_obj(reference), rep.baseline_s, seed=self.job.tuning.seed or 0,
                            timeout_s=self.job.tuning.trial_timeout_s or 60.0,
                            past_deadline=runner.past_deadline)
             rep.confirmed, rep.confirm_new, rep.best_first_s = conf.candidates, conf.new, \
                 conf.first_s
+            rep.library = library.compete(program.name)
             best = database.best_kernel(key.program_hash, key.shapes, key.dtype, pool.key)
             if best is not None:
                 rep.best_s, rep.best_structure = best.time_s, best.structure_hash
                 rep.best_config = best.config
                 rep.baseline_s = rep.baseline_s or best.baseline_s
+                rep.tuned_s = library.tuned_s
             rep.tune_s = time.perf_counter() - t1
             timings[f"{program.name}@{device}"] = {"search_s": round(search_s, 3),
                                                    "tune_s": round(rep.tune_s, 3)}
             reports.append(rep)
             confirmed = f" (median of {conf.best_timings} timings; the fastest first timing " \
                 f"{ms(conf.first_s)})" if conf.best_s is not None else ""
-            self.log(f"{program.name} on {pool.key}: {rep.trials} trial(s), best "
-                     f"{ms(rep.best_s)}{confirmed} vs numpy {ms(rep.baseline_s)}")
+            if rep.library:
+                self.log(f"{program.name} on {pool.key}: {rep.trials} trial(s); the library "
+                         f"wins: numpy op by op {ms(rep.best_s)} (median of {TIMINGS} "
+                         f"timings) vs the fastest tuned kernel {ms(rep.tuned_s)}")
+            else:
+                self.log(f"{program.name} on {pool.key}: {rep.trials} trial(s), best "
+                         f"{ms(rep.best_s)}{confirmed} vs numpy {ms(rep.baseline_s)}")
         return reports
 
     def _store_structures(self, database: db.Database, pid: int, program: Program,
@@ -418,6 +432,70 @@ class JobRun:
             if self.progress is not None:
                 self.progress.trial(name, task.structure_hash, res)
         return report
+
+
+class LibraryCandidate:
+    """The library path (the reference graph op by op through numpy / CuPy, the baseline) as
+    a candidate of the launch: a structure row (``db.LIBRARY_PREFIX`` + the program's hash,
+    verdict ``library``) with one trial (config {}) whose measurements are the baseline's
+    timings, ``TIMINGS`` of them like a confirmed kernel.  ``compete`` makes it the best row
+    when its median beats every tuned kernel's (``tuner best`` and ``tuner.load`` say and
+    serve so), so a launch never serves a kernel slower than the library."""
+
+    def __init__(self, database: db.Database, program_id: int, key: Any,
+                 reference: KernelGraph, pool: SlotPool) -> None:
+        from kernels import LIBRARY
+
+        self.database, self.key, self.reference, self.pool = database, key, reference, pool
+        ops = len(reference.ops) - len(reference.input_ids) - len(reference.ops_of("output"))
+        sid = database.record_structure(
+            program_id, db.LIBRARY_PREFIX + key.program_hash, to_obj(reference),
+            {"layer": "structure", "verdict": LIBRARY,
+             "note": "the reference graph run op by op by the device's library (numpy/BLAS "
+                     "on a cpu, CuPy on a GPU): the baseline, a candidate of every launch"},
+            ops)
+        self.trial_id = database.record_trial(sid, pool.key, {})
+        self.median_s: float | None = None
+        self.tuned_s: float | None = None
+
+    def time(self, first_s: float | None, again: Callable[[], float | None]) -> float | None:
+        """Store ``first_s`` (this run's baseline) and further timings (``again``) until the
+        library has ``TIMINGS`` ok timings; their median, or None if it cannot be timed."""
+        import statistics
+
+        have = self.database.measurements(self.trial_id)
+        attempt = 1 + max((m.attempt for m in have), default=-1)
+        ok = [m.median_s for m in have if m.status == "ok"]
+        while len(ok) < TIMINGS:
+            seconds = first_s if first_s is not None else again()
+            first_s = None
+            if seconds is None:
+                break
+            self.database.record_measurement(self.trial_id, "ok", median_s=seconds,
+                                             attempt=attempt)
+            attempt += 1
+            ok.append(seconds)
+        self.median_s = statistics.median(ok) if ok else None
+        return self.median_s
+
+    def compete(self, name: str) -> bool:
+        """Make the library the best row where it is faster than every tuned kernel (or
+        nothing else passed); returns whether it is the best now."""
+        from kernels import library_source
+
+        if self.median_s is None:
+            return False
+        k = self.key
+        tuned = tuned_best(self.database, k.program_hash, k.shapes, k.dtype, self.pool.key)
+        self.tuned_s = tuned
+        if tuned is not None and tuned <= self.median_s:
+            best = self.database.best_kernel(k.program_hash, k.shapes, k.dtype, self.pool.key)
+            if best is not None and best.baseline_s != self.median_s:  # speedup vs the median
+                self.database.confirm_best(best.trial_id, best.source, self.median_s)
+            return False
+        self.database.confirm_best(self.trial_id, library_source(self.reference, name),
+                                   self.median_s)
+        return True
 
 
 def small_instance_shapes(program: Program) -> dict[str, list[int]]:

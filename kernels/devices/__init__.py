@@ -23,6 +23,8 @@ _EXPORTS = {
     "launches": "_cuda", "to_storage": "_cuda", "from_storage": "_cuda",
     "EventClock": "_cuda", "STORAGE": "_cuda", "cupy_arith": "_cuda",
     "ReplayDevice": "_replay",
+    "LibraryKernel": "_library", "library_kernel": "_library", "library_source": "_library",
+    "LIBRARY": "_library",
     "FaultDrill": "_faults", "FAULT_ENV": "_faults",
     "Expected": "_check", "expected": "_check", "random_inputs": "_check",
     "reference": "_check", "tolerance": "_check", "TOLERANCE": "_check",

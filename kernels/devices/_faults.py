@@ -2,7 +2,7 @@
 
 ``TUNER_FAULT_TRIALS=crash@1,hang@3,compile@5`` makes the 1st trial of each device in this
 process segfault (cpu) or fault on an illegal address (cuda), the 3rd never return and the 5th
-fail to compile.  The faults are real kernels, so a drill exercises the whole isolation path
+fail to compile (``slow@N``: the Nth computes the right result, tens of ms late).  The faults are real kernels, so a drill exercises the whole isolation path
 of a launch — worker replaced, trial stored with its status, tuning goes on — where a mock
 could not.  ``get_device`` wraps a device in ``FaultDrill`` only when the variable is set.
 """
@@ -24,6 +24,8 @@ FAULTS = {  # statements put first in the first kernel's body
     "crash": "{ volatile float* p = nullptr; *p = 1.0f; }",  # SIGSEGV / illegal address
     "hang": "for (volatile int spin = 0; ; ) { (void)spin; }",  # never returns
     "compile": "this does not compile;",
+    # correct but slow: ~20M dependent steps first (tens of ms), so the library path wins
+    "slow": "for (volatile long spin = 0; spin < 20000000; spin = spin + 1) { }",
 }
 ENTRIES = ('extern "C" void kernel(', 'extern "C" __global__')
 

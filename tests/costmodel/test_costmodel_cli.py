@@ -10,17 +10,10 @@ import math
 import numpy as np
 import optuna
 import pytest
-from support import kernel_tuner_cache
+from support import kernel_tuner_cache, run_main
 
 import costmodel
 import db
-from tuner.cli import main
-
-
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
@@ -34,7 +27,7 @@ def two_gpus(tmp_path):
 
 def test_import_is_idempotent_and_a_bad_file_changes_nothing(capsys, tmp_path, two_gpus):
     url, a, b = two_gpus
-    code, out, _ = _run(capsys, "import", "kernel-tuner", a, b, "--db", url, "--json")
+    code, out, _ = run_main(capsys, "import", "kernel-tuner", a, b, "--db", url, "--json")
     assert code == 0
     first = [json.loads(line) for line in out.splitlines()]
     assert [r["added"] for r in first] == [49, 49] and first[1]["ok"] == 48
@@ -43,13 +36,13 @@ def test_import_is_idempotent_and_a_bad_file_changes_nothing(capsys, tmp_path, t
         counts = database.row_counts()
     assert counts["tuner_measurements"] == 98
     # again: nothing added
-    code, out, _ = _run(capsys, "import", "kernel-tuner", a, "--db", url)
+    code, out, _ = run_main(capsys, "import", "kernel-tuner", a, "--db", url)
     assert code == 0 and "0 of 49 configurations added" in out
     # a malformed file after a good one: exit 2, the file named, nothing written
     bad = tmp_path / "broken.json"
     bad.write_text('{"cache": {}}')
     fresh = kernel_tuner_cache(tmp_path, "W6600", device="AMD Radeon PRO W6600")
-    code, _, err = _run(capsys, "import", "kernel-tuner", fresh, str(bad), "--db", url)
+    code, _, err = run_main(capsys, "import", "kernel-tuner", fresh, str(bad), "--db", url)
     assert code == 2 and "broken.json" in err and "tune_params_keys" in err
     with db.connect(url) as database:
         assert database.row_counts() == counts
@@ -57,13 +50,13 @@ def test_import_is_idempotent_and_a_bad_file_changes_nothing(capsys, tmp_path, t
 
 def test_train_store_reload_and_predict(capsys, two_gpus):
     url, a, b = two_gpus
-    assert _run(capsys, "import", "kernel-tuner", a, b, "--db", url)[0] == 0
-    code, out, _ = _run(capsys, "model", "train", "--kind", "gbdt", "--db", url, "--json")
+    assert run_main(capsys, "import", "kernel-tuner", a, b, "--db", url)[0] == 0
+    code, out, _ = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url, "--json")
     assert code == 0
     trained = json.loads(out)
     assert trained["trained"] and trained["rows"] == 96 and trained["device_key"] == "*"
     # nothing new measured: nothing to train
-    code, out, _ = _run(capsys, "model", "train", "--kind", "gbdt", "--db", url, "--json")
+    code, out, _ = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url, "--json")
     assert code == 0 and json.loads(out)["trained"] is False
     # the stored model, loaded from the database, predicts what the trained one did
     with db.connect(url) as database:
@@ -73,7 +66,7 @@ def test_train_store_reload_and_predict(capsys, two_gpus):
     pred = model.predict(samples)
     assert np.all(np.isfinite(pred)) and pred.shape == (96,)
     # its top prediction on the A4000 is the space's best configuration (a=8, b=1)
-    code, out, _ = _run(capsys, "model", "predict", "toy", "--device",
+    code, out, _ = run_main(capsys, "model", "predict", "toy", "--device",
                         "replay:NVIDIA RTX A4000", "--top", "3", "--db", url, "--json")
     assert code == 0
     top = json.loads(out)["top"]
@@ -82,8 +75,8 @@ def test_train_store_reload_and_predict(capsys, two_gpus):
 
 def test_eval_prints_the_documented_object(capsys, two_gpus):
     url, a, b = two_gpus
-    _run(capsys, "import", "kernel-tuner", a, b, "--db", url)
-    code, out, _ = _run(capsys, "model", "eval", "--split", "device", "--steps", "60",
+    run_main(capsys, "import", "kernel-tuner", a, b, "--db", url)
+    code, out, _ = run_main(capsys, "model", "eval", "--split", "device", "--steps", "60",
                         "--db", url, "--json")
     assert code == 0
     result = json.loads(out)
@@ -97,9 +90,9 @@ def test_eval_prints_the_documented_object(capsys, two_gpus):
 
 def test_model_commands_say_what_is_missing(capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'empty.db'}"
-    code, _, err = _run(capsys, "model", "train", "--db", url)
+    code, _, err = run_main(capsys, "model", "train", "--db", url)
     assert code == 2 and "tuner import kernel-tuner" in err
-    code, _, err = _run(capsys, "model", "predict", "toy", "--device", "replay:X", "--db", url)
+    code, _, err = run_main(capsys, "model", "predict", "toy", "--device", "replay:X", "--db", url)
     assert code == 2 and "tuner model train" in err
 
 
@@ -128,7 +121,7 @@ def test_sampler_model_falls_back_without_a_model_then_uses_the_trained_one(tmp_
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     url = f"sqlite:///{tmp_path / 'launch.db'}"
 
     def launch(trials: int) -> subprocess.CompletedProcess:

@@ -27,7 +27,7 @@ from costmodel import read_kernel_tuner
 from tuner.jobfile import JobError, parse_job
 from tuner.replay import space_identity
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CACHES = Path("/work/shared/data/kernel_tuner_caches")
 if not CACHES.exists():
     CACHES = ROOT.parent / "shared" / "data" / "kernel_tuner_caches"

@@ -35,7 +35,7 @@ from search.suite import load_program  # noqa: E402
 CACHES = Path("/work/shared/data/kernel_tuner_caches")
 CONV = CACHES / "convolution" / "A100.json.gz"
 if not CONV.exists():  # the shared data may live beside the checkout
-    CONV = Path(__file__).resolve().parents[2] / "shared" / "data" / \
+    CONV = Path(__file__).resolve().parents[3] / "shared" / "data" / \
         "kernel_tuner_caches" / "convolution" / "A100.json.gz"
 pytestmark = pytest.mark.skipif(not CONV.exists(), reason=f"no Kernel Tuner cache at {CONV}")
 

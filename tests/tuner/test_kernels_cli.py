@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from support import build_cpu
+from support import build_cpu, one_line_error, run_main
 
 from kernels import (
     DeviceUnavailable,
@@ -23,30 +23,18 @@ from kernels import (
 )
 from kernels.devices import launches
 from search import handwritten, load_program, structural_hash, to_json, to_obj
-from tuner.cli import main
 
 SMALL_SOFTMAX = ["softmax_rows", "--set", "rows=64", "--set", "cols=128"]
 GPU = cuda_available()[0]
 
 
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_line_error(err: str, command: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"tuner {command}: error: "), err
-    return lines[0]
 
 
 # ---------------------------------------------------------------- codegen
 
 
 def test_codegen_cpp_prints_kernels_and_entry_point(capsys):
-    code, out, err = _run(capsys, "codegen", *SMALL_SOFTMAX, "--target", "cpp")
+    code, out, err = run_main(capsys, "codegen", *SMALL_SOFTMAX, "--target", "cpp")
     assert code == 0
     assert 'extern "C" void kernel(float** inputs, float** outputs)' in out
     assert "static void softmax_rows_k0(" in out and "#pragma omp" in out
@@ -54,7 +42,7 @@ def test_codegen_cpp_prints_kernels_and_entry_point(capsys):
 
 
 def test_codegen_cuda_prints_global_kernels_and_launches(capsys):
-    code, out, _ = _run(capsys, "codegen", "gqa", "--set", "Q=2x32x16", "--set", "K=2x16x64",
+    code, out, _ = run_main(capsys, "codegen", "gqa", "--set", "Q=2x32x16", "--set", "K=2x16x64",
                         "--set", "V=2x64x16", "--config", "F=4", "--target", "cuda")
     assert code == 0
     assert re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\) gqa_k0\(', out)
@@ -93,24 +81,24 @@ def _structure_files(tmp_path, program):
 def test_codegen_structure_file_best_and_hash(capsys, tmp_path):
     program = load_program("softmax_rows", {"rows": 64, "cols": 128})
     graph_file, search, hand_hash, ref_hash = _structure_files(tmp_path, program)
-    code, out, err = _run(capsys, "codegen", *SMALL_SOFTMAX, "--structure", str(graph_file),
+    code, out, err = run_main(capsys, "codegen", *SMALL_SOFTMAX, "--structure", str(graph_file),
                           "--target", "cpp")
     assert code == 0 and f"structure {hand_hash[:12]} from {graph_file}" in err
     assert "graph-defined kernel" in out
-    code, out, err = _run(capsys, "codegen", *SMALL_SOFTMAX, "--structures", str(search),
+    code, out, err = run_main(capsys, "codegen", *SMALL_SOFTMAX, "--structures", str(search),
                           "--target", "cpp")
     # best: the fused structure, listed second, beats the reference (a kernel per op) on
     # the roofline estimate
     assert code == 0 and f"best structure {hand_hash[:12]}" in err
     assert "graph-defined kernel" in out
-    code, out, err = _run(capsys, "codegen", *SMALL_SOFTMAX, "--structures", str(search),
+    code, out, err = run_main(capsys, "codegen", *SMALL_SOFTMAX, "--structures", str(search),
                           "--structure", ref_hash[:10], "--target", "cpp")
     assert code == 0 and ref_hash[:12] in err
     assert "predefined" in out  # the reference graph: predefined ops, several kernels
     # a search made at other shapes is refused, not silently replaced by the reference
-    code, _, err = _run(capsys, "codegen", "softmax_rows", "--set", "rows=32", "--set",
+    code, _, err = run_main(capsys, "codegen", "softmax_rows", "--set", "rows=32", "--set",
                         "cols=128", "--structures", str(search), "--target", "cpp")
-    assert code == 2 and "takes inputs of shapes [(64, 128)]" in _one_line_error(err,
+    assert code == 2 and "takes inputs of shapes [(64, 128)]" in one_line_error(err,
                                                                                    "codegen")
 
 
@@ -125,7 +113,7 @@ def test_best_is_the_reference_when_it_beats_every_searched_structure(capsys, tm
     search.write_text(json.dumps({"program": "mha", "structures": [
         {"graph": to_obj(slow), "hash": structural_hash(slow)}]}))
     shapes = ["--set", "Q=4x16x64", "--set", "K=4x64x512", "--set", "V=4x512x64"]
-    code, out, err = _run(capsys, "codegen", "mha", *shapes, "--structures", str(search),
+    code, out, err = run_main(capsys, "codegen", "mha", *shapes, "--structures", str(search),
                           "--target", "cpp")
     assert code == 0 and "the reference program (a kernel per op)" in err
     assert "predefined" in out
@@ -136,8 +124,8 @@ def test_codegen_rejects_bad_config_in_one_line(capsys):
                       (["--config", "zz=4"], "not a symbol"),
                       (["--config", "g0=3"], "not divisible by 3"),
                       (["--config", "lanes=3", "--target", "cuda"], "power of two")):
-        code, _, err = _run(capsys, "codegen", *SMALL_SOFTMAX, *bad)
-        assert code == 2 and says in _one_line_error(err, "codegen"), bad
+        code, _, err = run_main(capsys, "codegen", *SMALL_SOFTMAX, *bad)
+        assert code == 2 and says in one_line_error(err, "codegen"), bad
 
 
 def test_corrupted_structure_files_exit_2(capsys, tmp_path):
@@ -155,14 +143,14 @@ def test_corrupted_structure_files_exit_2(capsys, tmp_path):
              (["--structures", str(search), "--structure", "abcdef12"], "no structure"),
              (["--structure", "abcdef12"], "--structures FILE")]
     for extra, says in cases:
-        code, out, err = _run(capsys, "codegen", *SMALL_SOFTMAX, *extra)
-        assert code == 2 and out == "" and says in _one_line_error(err, "codegen"), extra
+        code, out, err = run_main(capsys, "codegen", *SMALL_SOFTMAX, *extra)
+        assert code == 2 and out == "" and says in one_line_error(err, "codegen"), extra
 
 
 def test_structure_found_at_other_shapes_is_refused(capsys, tmp_path):
     graph_file, _, _, _ = _structure_files(tmp_path, load_program("softmax_rows"))
-    code, _, err = _run(capsys, "codegen", *SMALL_SOFTMAX, "--structure", str(graph_file))
-    assert code == 2 and "takes inputs of shapes [(4096, 1024)]" in _one_line_error(err,
+    code, _, err = run_main(capsys, "codegen", *SMALL_SOFTMAX, "--structure", str(graph_file))
+    assert code == 2 and "takes inputs of shapes [(4096, 1024)]" in one_line_error(err,
                                                                                      "codegen")
 
 
@@ -170,20 +158,20 @@ def test_structure_found_at_other_shapes_is_refused(capsys, tmp_path):
 
 
 def test_measure_json_reports_status_and_speedup(capsys):
-    code, out, _ = _run(capsys, "measure", *SMALL_SOFTMAX, "--json", "--budget", "0.2")
+    code, out, _ = run_main(capsys, "measure", *SMALL_SOFTMAX, "--json", "--budget", "0.2")
     doc = json.loads(out)
     assert code == 0 and doc["status"] == "ok"
     assert math.isfinite(doc["speedup"]) and doc["speedup"] > 0
     assert doc["kernel_s"] > 0 and doc["baseline_s"] > 0 and doc["max_error"] < 1e-4
-    code, out, _ = _run(capsys, "measure", *SMALL_SOFTMAX, "--budget", "0.1")
+    code, out, _ = run_main(capsys, "measure", *SMALL_SOFTMAX, "--budget", "0.1")
     assert code == 0 and re.search(r"^speedup\s+[\d.]+x$", out, re.M)
     assert re.search(r"^status\s+ok$", out, re.M)
 
 
 @pytest.mark.skipif(GPU, reason="this machine has a GPU: the unavailable path cannot happen")
 def test_measure_device_cuda_without_gpu_exits_2(capsys):
-    code, out, err = _run(capsys, "measure", *SMALL_SOFTMAX, "--device", "cuda")
-    line = _one_line_error(err, "measure")
+    code, out, err = run_main(capsys, "measure", *SMALL_SOFTMAX, "--device", "cuda")
+    line = one_line_error(err, "measure")
     assert code == 2 and out == "" and "--device cuda: no usable GPU" in line
 
 

@@ -8,36 +8,26 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import one_line_error, run_main
 
 from search import builtin_names, from_json, load_program, structural_hash, to_json
 from tuner.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--set", "X=2x16", "--set", "W=16x16"]
 
 
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_line_error(err: str, command: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"tuner {command}: error: "), err
-    return lines[0]
 
 
 @pytest.fixture
 def graphs(tmp_path, capsys) -> dict[str, Path]:
     """Reference, fused structure (bound) and a mutant of rmsnorm_matmul as JSON files."""
     files = {}
-    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", *SMALL, "--json")
+    code, out, _ = run_main(capsys, "show", "rmsnorm_matmul", *SMALL, "--json")
     assert code == 0
     files["ref"] = tmp_path / "ref.json"
     files["ref"].write_text(out)
-    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", *SMALL, "--fused", "--config", "g0=2",
+    code, out, _ = run_main(capsys, "show", "rmsnorm_matmul", *SMALL, "--fused", "--config", "g0=2",
                         "--config", "F=2", "--json")
     assert code == 0
     files["fused"] = tmp_path / "fused.json"
@@ -61,12 +51,12 @@ def test_help(capsys):
     out = capsys.readouterr().out
     for word in ("programs", "show", "verify", "PROGRAM"):
         assert word in out
-    code, out, _ = _run(capsys)
+    code, out, _ = run_main(capsys)
     assert code == 0 and "usage: tuner" in out
 
 
 def test_programs_lists_every_builtin_with_shapes(capsys):
-    code, out, _ = _run(capsys, "programs")
+    code, out, _ = run_main(capsys, "programs")
     assert code == 0
     for name in builtin_names():
         program = load_program(name)
@@ -77,7 +67,7 @@ def test_programs_lists_every_builtin_with_shapes(capsys):
 
 
 def test_programs_json(capsys):
-    code, out, _ = _run(capsys, "programs", "--json")
+    code, out, _ = run_main(capsys, "programs", "--json")
     rows = json.loads(out)
     assert code == 0 and [r["name"] for r in rows] == list(builtin_names())
     row = rows[0]
@@ -85,7 +75,7 @@ def test_programs_json(capsys):
 
 
 def test_show_reference(capsys):
-    code, out, _ = _run(capsys, "show", "rmsnorm_matmul")
+    code, out, _ = run_main(capsys, "show", "rmsnorm_matmul")
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("X = input()") and "(2, 4096) float16" in lines[0]
@@ -95,27 +85,27 @@ def test_show_reference(capsys):
 
 
 def test_show_with_overrides(capsys):
-    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", "--set", "batch=8")
+    code, out, _ = run_main(capsys, "show", "rmsnorm_matmul", "--set", "batch=8")
     assert code == 0 and "(16, 4096)" in out and "(16, 6144)" in out
 
 
 def test_show_fused_json_round_trips(capsys):
-    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", "--fused", "--json")
+    code, out, _ = run_main(capsys, "show", "rmsnorm_matmul", "--fused", "--json")
     assert code == 0
     graph = from_json(out)
     assert to_json(graph, indent=2) == out.rstrip("\n")
     assert graph.symbols() == {"g0", "F"}
     (bg,) = graph.block_graphs()
     assert bg.grid == ("g0", 1, 1) and bg.forloop_range == "F"
-    code, out, _ = _run(capsys, "show", "rmsnorm_matmul", "--fused", "--config", "g0=64",
+    code, out, _ = run_main(capsys, "show", "rmsnorm_matmul", "--fused", "--config", "g0=64",
                         "--config", "F=16", "--json")
     assert code == 0 and from_json(out).is_concrete()
-    code, plain, _ = _run(capsys, "show", "rmsnorm_matmul", "--fused")
+    code, plain, _ = run_main(capsys, "show", "rmsnorm_matmul", "--fused")
     assert code == 0 and "graph_kernel(X, W)" in plain and "accum(" in plain
 
 
 def test_show_json_of_reference_matches_the_api(capsys):
-    code, out, _ = _run(capsys, "show", "softmax_rows", "--json")
+    code, out, _ = run_main(capsys, "show", "softmax_rows", "--json")
     assert code == 0
     assert structural_hash(from_json(out)) == structural_hash(load_program("softmax_rows").build())
 
@@ -124,7 +114,7 @@ def test_show_program_file(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     path.write_text("name: p\ninputs: {X: [4, 8]}\nbody: |\n  O = exp(X) / sum(exp(X), 1)\n"
                     "outputs: [O]\n")
-    code, out, _ = _run(capsys, "show", str(path))
+    code, out, _ = run_main(capsys, "show", str(path))
     assert code == 0 and "sum(" in out and "(4, 1)" in out
 
 
@@ -137,23 +127,23 @@ def test_show_program_file(tmp_path, capsys):
      "not divisible by 3"),
 ])
 def test_show_bad_input_exits_2_with_one_line(capsys, argv, fragment):
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run_main(capsys, *argv)
     assert code == 2 and out == ""
-    assert fragment in _one_line_error(err, "show")
+    assert fragment in one_line_error(err, "show")
 
 
 # --- verify -------------------------------------------------------------------------------------
 
 def test_verify_equivalent_exits_0(capsys, graphs):
-    code, out, err = _run(capsys, "verify", str(graphs["ref"]), str(graphs["fused"]))
+    code, out, err = run_main(capsys, "verify", str(graphs["ref"]), str(graphs["fused"]))
     assert code == 0 and err == ""
     assert out.startswith("EQUIVALENT: all 1 output(s) agree on 4 random tests")
 
 
 def test_verify_mutant_exits_1(capsys, graphs):
-    code, out, _ = _run(capsys, "verify", str(graphs["ref"]), str(graphs["mutant"]))
+    code, out, _ = run_main(capsys, "verify", str(graphs["ref"]), str(graphs["mutant"]))
     assert code == 1 and out.startswith("NOT EQUIVALENT: output 0 differs")
-    code, out, _ = _run(capsys, "verify", str(graphs["ref"]), str(graphs["mutant"]),
+    code, out, _ = run_main(capsys, "verify", str(graphs["ref"]), str(graphs["mutant"]),
                         "--arithmetic", "float", "--json")
     verdict = json.loads(out)
     assert code == 1 and verdict["equivalent"] is False and verdict["arithmetic"] == "float"
@@ -164,46 +154,46 @@ def test_verify_program_file_against_structure_with_config(capsys, tmp_path):
     program.write_text("name: gated_mlp\ninputs:\n  X: [8, 64]\n  W1: [64, 64]\n"
                        "  W2: [64, 64]\nbody: |\n  O = silu(matmul(X, W1)) * matmul(X, W2)\n"
                        "outputs: [O]\n")
-    code, out, _ = _run(capsys, "show", str(program), "--fused", "--json")
+    code, out, _ = run_main(capsys, "show", str(program), "--fused", "--json")
     assert code == 0
     path = tmp_path / "gated.json"
     path.write_text(out)
-    code, out, _ = _run(capsys, "verify", str(program), str(path), "--config", "g0=4",
+    code, out, _ = run_main(capsys, "verify", str(program), str(path), "--config", "g0=4",
                         "--config", "F=8", "--tests", "2", "--seed", "3", "--json")
     verdict = json.loads(out)
     assert code == 0 and verdict["equivalent"] and verdict["tests"] == 2 and verdict["seed"] == 3
-    code, out, _ = _run(capsys, "verify", str(program), str(path))  # no config: a reason
+    code, out, _ = run_main(capsys, "verify", str(program), str(path))  # no config: a reason
     assert code == 1 and "unbound symbols" in out
 
 
 def test_verify_malformed_json_exits_2(capsys, graphs, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": ')
-    code, out, err = _run(capsys, "verify", str(graphs["ref"]), str(bad))
+    code, out, err = run_main(capsys, "verify", str(graphs["ref"]), str(bad))
     assert code == 2 and out == ""
-    assert f"{bad}: not valid JSON" in _one_line_error(err, "verify")
+    assert f"{bad}: not valid JSON" in one_line_error(err, "verify")
     doc = json.loads(graphs["fused"].read_text())
     doc["ops"][2]["block_graph"]["ops"][2]["op"] = "matmult"
     bad.write_text(json.dumps(doc))
-    code, _, err = _run(capsys, "verify", str(graphs["ref"]), str(bad))
-    line = _one_line_error(err, "verify")
+    code, _, err = run_main(capsys, "verify", str(graphs["ref"]), str(bad))
+    line = one_line_error(err, "verify")
     assert code == 2 and f"{bad}: $.ops[2].block_graph.ops[2]: unknown op 'matmult'" in line
 
 
 def test_verify_missing_file_exits_2(capsys, graphs, tmp_path):
     missing = tmp_path / "missing.json"
-    code, _, err = _run(capsys, "verify", str(missing), str(graphs["ref"]))
-    assert code == 2 and f"{missing}: cannot read" in _one_line_error(err, "verify")
-    code, _, err = _run(capsys, "verify", str(graphs["ref"]), str(tmp_path / "missing.yaml"))
-    assert code == 2 and "missing.yaml" in _one_line_error(err, "verify")
+    code, _, err = run_main(capsys, "verify", str(missing), str(graphs["ref"]))
+    assert code == 2 and f"{missing}: cannot read" in one_line_error(err, "verify")
+    code, _, err = run_main(capsys, "verify", str(graphs["ref"]), str(tmp_path / "missing.yaml"))
+    assert code == 2 and "missing.yaml" in one_line_error(err, "verify")
 
 
 def test_verify_malformed_program_file_exits_2_with_line(capsys, graphs, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\ninputs: {X: [2, 16], W: [16, 16]}\nbody: |\n"
                    "  N = rms_norm(X)\n  O = matmul(N, W\noutputs: [O]\n")
-    code, _, err = _run(capsys, "verify", str(bad), str(graphs["ref"]))
-    line = _one_line_error(err, "verify")
+    code, _, err = run_main(capsys, "verify", str(bad), str(graphs["ref"]))
+    line = one_line_error(err, "verify")
     assert code == 2 and f"{bad}:5: syntax error in body" in line
 
 
@@ -218,15 +208,15 @@ def test_verify_non_finite_constant_is_not_a_crash(capsys, graphs, tmp_path):
     from_json(json.dumps(doc).replace("Infinity", "1.0"))  # otherwise a valid document
     path = tmp_path / "inf.json"
     path.write_text(json.dumps(doc))
-    code, _, err = _run(capsys, "verify", str(graphs["ref"]), str(path))
+    code, _, err = run_main(capsys, "verify", str(graphs["ref"]), str(path))
     assert code in (1, 2)
     if code == 2:
-        _one_line_error(err, "verify")
+        one_line_error(err, "verify")
 
 
 def test_verify_bad_tests_count_exits_2(capsys, graphs):
-    code, _, err = _run(capsys, "verify", str(graphs["ref"]), str(graphs["ref"]), "--tests", "0")
-    assert code == 2 and "--tests 0" in _one_line_error(err, "verify")
+    code, _, err = run_main(capsys, "verify", str(graphs["ref"]), str(graphs["ref"]), "--tests", "0")
+    assert code == 2 and "--tests 0" in one_line_error(err, "verify")
 
 
 def _tuner_command() -> list[str]:

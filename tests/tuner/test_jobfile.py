@@ -11,7 +11,7 @@ from support import MALFORMED
 from search import Limits
 from tuner.jobfile import JobError, JobSpec, load_job, parse_job
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 PROGRAM_FILE = """\
 name: my_norm

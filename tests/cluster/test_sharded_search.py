@@ -83,7 +83,7 @@ def test_attention_winner_loops_over_the_sequence(name):
 
 @pytest.mark.parametrize("name,limits", [
     ("gated_mlp", {}), ("ntrans", {}), ("softmax_rows", {}), ("rmsnorm_residual", {}),
-    ("lora", {"max_block_inputs": 4}),
+    ("lora", {}), ("lora", {"max_block_inputs": 4}),
 ])
 def test_suite_programs_fuse_into_one_kernel(name, limits):
     program = small_instance(load_program(name))
@@ -97,8 +97,18 @@ def test_suite_programs_fuse_into_one_kernel(name, limits):
 def test_lora_with_three_block_inputs_needs_two_kernels():
     """LoRA reads four tensors; with Mirage's limit of three block inputs the best is two
     kernels (one predefined matmul, then one fused kernel)."""
-    result = _search("lora")
+    result = _search("lora", max_block_inputs=3)
     assert result.best["num_kernels"] == 2 and result.best["num_graph_kernels"] == 1
+
+
+def test_block_inputs_adapt_to_the_program():
+    """The default limit is max(3, the program's inputs); a number is taken as given."""
+    assert Limits().max_block_inputs is None
+    assert Limits().for_program(4).max_block_inputs == 4
+    assert Limits().for_program(2).max_block_inputs == 3
+    assert Limits(max_block_inputs=3).for_program(4).max_block_inputs == 3
+    result = _search("lora")
+    assert result.summary()["limits"]["max_block_inputs"] == 4
 
 
 def test_every_verified_structure_passes_the_verifier_again():

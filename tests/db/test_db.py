@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import db
 from db import Base, ProgramRow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PG_ENV = "TUNER_TEST_POSTGRES_URL"
 SHAPES = {"x": [16, 1024], "w": [1024, 256]}
 

@@ -30,7 +30,7 @@ from search import (
     to_obj,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def rmsnorm_matmul_structure(rows: int = 16, k: int = 1024, n: int = 4096,

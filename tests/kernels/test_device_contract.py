@@ -1,0 +1,162 @@
+"""One contract for every device behind ``kernels.Device``: cpu, replay and cuda.
+
+- a device that cannot run here says why in one line (``DeviceUnavailable``);
+- ``run_trial`` answers with the same fields on every device: a status from ``STATUSES``, the
+  config actually used (knobs filled in), a median time when ok, a message when not;
+- the replay device answers a recorded trial exactly as it was recorded, a missing config as
+  ``invalid``, and refuses to run a kernel;
+- the cuda device's launches match the plan and its source on a stand-in CuPy that compiles
+  with nvcc and records launches (where no GPU exists; tests/kernels/test_gpu.py runs the real one):
+  every kernel a launch names exists, grids and blocks fit the GPU, every parameter is passed.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import types
+
+import numpy as np
+import pytest
+from support import small_config
+
+import db
+from kernels import (
+    STATUSES,
+    DeviceUnavailable,
+    ReplayDevice,
+    cuda_available,
+    get_device,
+    get_spec,
+    lower,
+    nvcc_available,
+    render,
+)
+from kernels.devices import CudaKernel
+from search import handwritten, load_program
+
+TRIAL_FIELDS = {"status", "config", "message"}
+TRIAL_STATUSES = (*STATUSES, "invalid")  # invalid: the config does not lower
+
+
+@pytest.fixture(scope="module")
+def softmax():
+    program = load_program("softmax_rows", {"rows": 16, "cols": 64})
+    structure = handwritten(program)
+    return program.build(), structure, small_config(structure)
+
+
+@pytest.fixture(scope="module")
+def cpu_trial(softmax):
+    reference, structure, config = softmax
+    return get_device("cpu").run_trial(structure, reference, config)
+
+
+def test_every_device_name_gives_a_device_or_one_line_why():
+    for name in ("cpu", "cuda", "cuda:1"):
+        try:
+            device = get_device(name)
+        except DeviceUnavailable as err:
+            assert "\n" not in str(err) and str(err)
+            continue
+        assert device.key and device.spec.name and device.kind in ("cpu", "cuda")
+    with pytest.raises(ValueError, match="unknown device"):
+        get_device("tpu")
+
+
+def test_a_cpu_trial_has_every_field(cpu_trial, softmax):
+    assert TRIAL_FIELDS <= set(cpu_trial) and cpu_trial["status"] in TRIAL_STATUSES
+    assert cpu_trial["status"] == "ok" and cpu_trial["median_s"] > 0
+    assert set(softmax[2]) <= set(cpu_trial["config"])  # the knobs the rule filled in, too
+
+
+def test_an_illegal_config_is_a_trial_with_a_status_not_an_exception(softmax):
+    reference, structure, config = softmax
+    bad = {**config, next(iter(config)): 3}  # 3 divides no power-of-two dimension
+    res = get_device("cpu").run_trial(structure, reference, bad)
+    assert res["status"] in TRIAL_STATUSES and res["status"] != "ok" and res["message"]
+
+
+def test_replay_answers_what_was_recorded_and_runs_nothing(cpu_trial, softmax):
+    reference, structure, config = softmax
+    device = ReplayDevice({db.config_hash(config): cpu_trial}, db.config_hash,
+                          "replay:recorded", get_spec("H100"))
+    again = device.run_trial(structure, reference, config)
+    assert again["status"] == "ok" and again["median_s"] == cpu_trial["median_s"]
+    missing = device.run_trial(structure, reference, {**config, "g0": 1024})
+    assert TRIAL_FIELDS <= set(missing) and missing["status"] == "invalid"
+    assert "not in the replayed table" in missing["message"]
+    with pytest.raises(DeviceUnavailable):
+        device.load(None, "")
+
+
+# ---------------------------------------------------------------- cuda, without a GPU
+
+
+class _StandInCupy:
+    """What CudaKernel uses of CuPy, on numpy: modules are compiled by nvcc for real, and
+    every launch is recorded instead of run."""
+
+    float32, uint32 = np.float32, np.uint32
+
+    def __init__(self, tmp_path) -> None:
+        self.launched: list[tuple[str, tuple, tuple, tuple]] = []
+        self.tmp_path = tmp_path
+        outer = self
+
+        class RawModule:
+            def __init__(self, code: str, options=()) -> None:
+                path = outer.tmp_path / "module.cu"
+                path.write_text(code)
+                done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-cubin", "-o",
+                                       str(outer.tmp_path / "module.cubin"), str(path)],
+                                      capture_output=True, text=True)
+                assert done.returncode == 0, done.stderr
+                self.code = code
+
+            def get_function(self, name: str):
+                found = re.search(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?"
+                                  + re.escape(name) + r"\s*\(([^)]*)\)", self.code)
+                assert found, f"a launch names {name}, which the source does not define"
+                params = [p for p in found.group(1).split(",") if p.strip()]
+
+                def launch(grid, block, args):
+                    assert len(args) == len(params), (name, len(args), params)
+                    outer.launched.append((name, grid, block, args))
+
+                return launch
+
+        self.RawModule = RawModule
+        self.cuda = types.SimpleNamespace(get_cuda_path=lambda: None)
+
+    def zeros(self, n, dtype):
+        return np.zeros(n, dtype)
+
+
+@pytest.mark.skipif(not nvcc_available(), reason="nvcc is not installed here")
+def test_cuda_launches_match_the_plan_on_a_stand_in_cupy(tmp_path, softmax):
+    reference, structure, config = softmax
+    spec = get_spec("H100")
+    plan = lower(structure, config, spec)
+    source = render(plan)
+    cp = _StandInCupy(tmp_path)
+    kernel = CudaKernel(cp, plan, source)
+    inputs = [np.zeros(b.shape, np.float32) for b in plan.inputs]
+    outputs = [np.zeros(b.shape, np.float32) for b in plan.outputs]
+    kernel(inputs, outputs)
+    assert [name for name, *_ in cp.launched] == [ln.kernel for ln in kernel.launches]
+    for _, grid, block, args in cp.launched:
+        assert 1 <= grid[0] <= 2 ** 31 - 1 and 1 <= block[0] <= 1024
+        assert any(a is outputs[0] for a in args) or any(a is kernel.ws for a in args)
+    # every input reaches some launch, and every output is written by one
+    passed = [id(a) for *_, args in cp.launched for a in args]
+    assert all(id(x) in passed for x in inputs) and all(id(y) in passed for y in outputs)
+
+
+def test_cuda_here_is_either_usable_or_says_why(softmax):
+    ok, reason = cuda_available()
+    if ok:
+        pytest.skip("a GPU is usable here: tests/kernels/test_gpu.py runs it")
+    with pytest.raises(DeviceUnavailable) as err:
+        get_device("cuda")
+    assert reason in str(err.value) and "\n" not in str(err.value)

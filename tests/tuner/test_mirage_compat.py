@@ -1,0 +1,99 @@
+"""Mirage scripts run with only the import changed (`import tuner as mi`): the builder's
+Mirage spellings, the graph as a tuner program, and `superoptimize` end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tuner as mi
+from search import ShapeError, structural_hash
+from tuner.mirage_compat import to_program
+from verifier import FloatArith, run
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A Mirage script (rms_norm + matmul, Mirage's own demo at small shapes) as a user would
+# bring it: only `import mirage as mi` became `import tuner as mi`, and the inputs are CPU
+# arrays because this machine has no GPU.
+SCRIPT = """
+import numpy as np
+import tuner as mi
+
+graph = mi.new_kernel_graph()
+X = graph.new_input(dims=(16, 64), dtype=mi.float16)
+W = graph.new_input(dims=(64, 64), dtype=mi.float16)
+D = graph.rms_norm(X, normalized_shape=(64,))
+O = graph.matmul(D, W)
+graph.mark_output(O)
+optimized_graph = graph.superoptimize(config="mlp")
+
+rng = np.random.default_rng(0)
+input_tensors = [rng.standard_normal((16, 64), dtype=np.float32),
+                 rng.standard_normal((64, 64), dtype=np.float32)]
+outputs = optimized_graph(inputs=input_tensors)
+x, w = input_tensors
+want = (x / np.sqrt(np.mean(x * x, axis=1, keepdims=True))) @ w
+(plain,) = optimized_graph(x, w)
+print("max_error", float(np.max(np.abs(outputs[0] - want))),
+      float(np.max(np.abs(plain - want))))
+"""
+
+
+def test_a_mirage_script_runs_end_to_end(tmp_path: Path) -> None:
+    (tmp_path / "demo.py").write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "demo.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    errors = [float(v) for v in res.stdout.split("max_error", 1)[1].split()]
+    assert max(errors) < 1e-3, res.stdout
+    # stored in the default database of the directory it ran in, where `tuner best` finds it
+    assert (tmp_path / "tuner.db").exists()
+    program = to_program(_graph())
+    record = mi.best(program, device="cpu", url=f"sqlite:///{tmp_path / 'tuner.db'}")
+    assert record is not None and record.time_s > 0
+
+
+def _graph() -> mi.KNGraph:
+    graph = mi.new_kernel_graph()
+    x = graph.new_input(dims=(16, 64), dtype=mi.float16)
+    w = graph.new_input(dims=(64, 64), dtype=mi.float16)
+    graph.mark_output(graph.matmul(graph.rms_norm(x, normalized_shape=(64,)), w))
+    return graph
+
+
+def test_the_graph_becomes_the_same_program() -> None:
+    graph = _graph()
+    program = to_program(graph)
+    assert program.inputs == {"I0": (16, 64), "I1": (64, 64)} and program.dtype == "float16"
+    assert structural_hash(program.build()) == structural_hash(graph)
+    assert program.name == f"mirage_{structural_hash(graph)[:12]}"
+
+
+def test_mirage_spellings_and_the_native_builder() -> None:
+    graph = mi.new_kernel_graph()
+    x = graph.new_input(dims=(8, 32), strides=(32, 1), dtype=mi.float32)
+    y = graph.new_input((8, 32), "float32", "Y")  # the native call form still works
+    assert graph.tensors[y.id].name == "Y" and x.dtype == "float32"
+    e = graph.exp(graph.silu(x))
+    s = graph.reduction(e, 1)
+    assert tuple(s.shape) == (8, 1)
+    out = graph.add(graph.div(e, s), y)
+    graph.mark_output(out)
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((8, 32)) for _ in range(2))
+    (got,) = run(graph, [a, b], FloatArith())
+    ex = np.exp(a / (1 + np.exp(-a)))
+    np.testing.assert_allclose(got, ex / ex.sum(1, keepdims=True) + b, rtol=1e-9)
+    with pytest.raises(ShapeError, match="only row-major"):
+        graph.new_input(dims=(8, 32), strides=(1, 8))
+    with pytest.raises(ShapeError, match="normalized_shape"):
+        graph.rms_norm(x, normalized_shape=(8, 32))
+    with pytest.raises(ShapeError, match="dtype"):
+        graph.new_input(dims=(2, 2), dtype="int8")

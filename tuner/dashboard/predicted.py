@@ -1,0 +1,74 @@
+"""Predicted vs measured: the stored cost model's predictions for what a program x device
+measured, with its rank correlation there.
+
+Read-only like every query of the dashboard: the model comes from ``tuner_models``, the
+measurements from the first timing of each ok trial (at most ``limit``, newest first).  The
+prediction lowers each measured config once to featurize it, so the result is cached per
+(model, measurements) by the reader that calls this.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sqlalchemy import Engine, desc, select
+
+import db
+
+LIMIT = 1000
+
+
+def _table(name: str) -> Any:
+    return db.Base.metadata.tables[name]
+
+
+def predicted_vs_measured(engine: Engine, program_id: int, device_key: str,
+                          limit: int = LIMIT) -> dict:
+    import costmodel
+
+    models = _table("tuner_models")
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(models.c.id, models.c.kind, models.c.feature_version, models.c.weights,
+                   models.c.trained_on_json)
+            .where(models.c.device_key.in_([device_key, db.ALL_DEVICES]))
+            .order_by((models.c.device_key == device_key).desc(), desc(models.c.id))
+            .limit(1)).first()
+        if row is None or row.feature_version != costmodel.FEATURE_VERSION:
+            return {"model": None, "reason": f"no trained cost model for {device_key} "
+                    "(`tuner model train` makes one)", "points": []}
+        m, t, s, p = (_table(n) for n in ("tuner_measurements", "tuner_trials",
+                                           "tuner_structures", "tuner_programs"))
+        rows = conn.execute(
+            select(m.c.id, t.c.id.label("trial_id"), p.c.name, p.c.program_hash,
+                   s.c.structure_hash, s.c.structure_json, t.c.config_json, m.c.median_s)
+            .select_from(m.join(t, t.c.id == m.c.trial_id).join(s, s.c.id == t.c.structure_id)
+                         .join(p, p.c.id == s.c.program_id))
+            .where(p.c.id == program_id, m.c.device_key == device_key, m.c.status == "ok",
+                   m.c.attempt == 0)
+            .order_by(desc(m.c.id)).limit(limit)).all()
+    model = costmodel.load_model(row.weights)
+    graphs: dict[str, Any] = {}
+    training = [db.TrainingRow(r.id, r.name, r.program_hash, r.structure_hash,
+                               graphs.setdefault(r.structure_hash, json.loads(r.structure_json)),
+                               json.loads(r.config_json), device_key, r.median_s)
+                for r in rows]
+    info = {"id": row.id, "kind": row.kind,
+            "rows": json.loads(row.trained_on_json).get("rows")}
+    try:
+        samples = costmodel.samples_from_rows(training)
+    except (KeyError, ValueError) as err:  # a device the table does not know, a bad graph
+        return {"model": info, "reason": f"cannot featurize these trials: {err}",
+                "points": []}
+    if not samples:
+        return {"model": info, "reason": "no ok timing here yet", "points": []}
+    predicted = model.predict(samples)
+    scores = costmodel.evaluate([x.group for x in samples], [x.seconds for x in samples],
+                                predicted)
+    points = [{"trial": r.trial_id, "measured": r.median_s, "predicted": float(q)}
+              for r, q in zip(rows, predicted, strict=True) if math.isfinite(q)]
+    return {"model": info, "points": points,
+            "kendall_tau": None if math.isnan(scores["kendall_tau"]) else scores["kendall_tau"],
+            "mape": scores["mape"]}
