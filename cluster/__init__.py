@@ -7,7 +7,15 @@ The deepening driver and the ranking live in ``search`` (``run_search``, ``rank`
 
 from search import SearchResult, ShardResult, describe, rank
 
-from .runtime import LocalExecutor, RayExecutor, make_executor, start_ray, stop_ray
+from .runtime import (
+    ClusterJoinError,
+    LocalExecutor,
+    RayExecutor,
+    join_ray,
+    make_executor,
+    start_ray,
+    stop_ray,
+)
 from .search_tasks import run_and_verify, verify_structure
 from .sharded import search_program
 from .slots import (
@@ -20,6 +28,6 @@ from .slots import (
     TrialResult,
 )
 
-__all__ = ["LocalExecutor", "LocalPool", "MeasureSlot", "MeasurementPool", "RayExecutor",
-           "ReplayPool", "SearchResult", "ShardResult", "SlotPool", "TrialRequest", "TrialResult", "describe", "make_executor", "rank", "run_and_verify",
+__all__ = ["ClusterJoinError", "LocalExecutor", "LocalPool", "MeasureSlot", "MeasurementPool", "RayExecutor",
+           "ReplayPool", "SearchResult", "ShardResult", "SlotPool", "TrialRequest", "TrialResult", "describe", "join_ray", "make_executor", "rank", "run_and_verify",
            "search_program", "start_ray", "stop_ray", "verify_structure"]

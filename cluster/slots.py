@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -133,9 +134,14 @@ class MeasureSlot:
                 os.environ[k] = v
         self.device = get_device(device) if isinstance(device, str) else device
         self.worker = IsolatedWorker()
+        self.node = node_label()
 
     def device_key(self) -> str:
         return self.device.key
+
+    def where(self) -> tuple[str, str | None]:
+        """(the node label measurements are stored with, the Ray node id or None)."""
+        return self.node, _ray_node_id()
 
     def spec(self) -> DeviceSpec:
         """This slot's device limits and speeds (for the roofline)."""
@@ -146,11 +152,13 @@ class MeasureSlot:
         the result carries the request's ``tag``."""
         if request.structure is None:
             raise ValueError("a trial request needs a structure (a baseline has none)")
+        replay = self.device.kind == "replay"  # answers from its table: nothing to build
         out = self.device.run_trial(
-            from_obj(request.structure), from_obj(request.reference), request.config,
+            request.structure if replay else from_obj(request.structure),
+            request.reference if replay else from_obj(request.reference), request.config,
             seed=request.seed, timing=request.timing, worker=self.worker,
             timeout_s=60.0 if request.timeout_s is None else request.timeout_s)
-        return TrialResult.from_dict({**out, "tag": request.tag})
+        return TrialResult.from_dict({**out, "tag": request.tag, "host": self.node})
 
     def baseline(self, request: TrialRequest) -> TrialResult:
         """Op-by-op time of the reference on this device (numpy on a cpu, CuPy on a GPU),
@@ -168,49 +176,153 @@ class MeasureSlot:
         self.worker.close()
 
 
+def node_label() -> str:
+    """Where a measurement ran, for the ``host`` column: the host name, and in a Ray worker
+    the Ray node's id (several nodes of one machine, e.g. ``ray.cluster_utils``, share a
+    host name) and the GPU Ray gave the slot (``host:node:gpu1``)."""
+    node = _ray_node_id()
+    host = socket.gethostname()
+    if not node:
+        return host
+    try:
+        import ray
+
+        gpus = ray.get_gpu_ids()
+    except Exception:  # noqa: BLE001 - not in a worker: no GPU of its own
+        gpus = []
+    return f"{host}:{node[:12]}" + (f":gpu{','.join(map(str, gpus))}" if gpus else "")
+
+
+def _ray_node_id() -> str | None:
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - no Ray, or not in a Ray process: the host alone
+        return None
+
+
 class SlotPool:
     """Slots for one device as Ray actors; ``submit`` a request, ``next_done`` returns the
-    finished ones (``cluster.ReplayPool`` has the same face without Ray or a device)."""
+    finished ones (``cluster.ReplayPool`` has the same face without Ray or a device).
 
-    def __init__(self, device: str = "cpu", slots: int = 1) -> None:
+    ``device``: ``cpu``, ``cuda`` / ``cuda:N``, or a ``kernels.Device`` object made in the
+    driver (a replay device: it takes a GPU slot as ``cuda`` does).  ``resources``: Ray
+    resources of each slot actor (default ``num_gpus=1, num_cpus=0``; a cpu slot
+    ``num_cpus=0``).
+
+    Faults: a slot whose actor dies (its node removed, its process killed) is replaced by a
+    new actor where the cluster still has room (``replaced`` counts them), and the request it
+    held is sent again, at most ``retries`` times; a request that cannot be re-run comes back
+    with status ``node_lost`` (its node is gone) or ``runtime_error`` (the slot died), never
+    dropped.  Ray's own actor restart is not used: a restart waiting for a GPU that left with
+    its node would wait forever."""
+
+    def __init__(self, device: str | Device = "cpu", slots: int = 1, *,
+                 resources: dict[str, Any] | None = None, retries: int = 1) -> None:
         import ray
 
         self.ray = ray
         self.device = device
         # a cpu slot reserves no CPU: it times only while the search tasks are idle
-        resources = {"num_gpus": 1} if device != "cpu" else {"num_cpus": 0}
-        actor = ray.remote(max_restarts=2, max_task_retries=0, **resources)(MeasureSlot)
-        self.slots = [actor.remote(device, thread_env()) for _ in range(slots)]
+        # a GPU slot reserves no CPU either (an actor asking for none would hold one CPU to
+        # be placed: on nodes of one CPU, GPU slots then waited for the search tasks)
+        self.resources = resources if resources is not None else (
+            {"num_cpus": 0} if device == "cpu" else {"num_cpus": 0, "num_gpus": 1})
+        self.retries, self.replaced = retries, 0
+        self._actor = ray.remote(max_restarts=0, max_task_retries=0,
+                                 **self.resources)(MeasureSlot)
+        self.slots = [self._new_slot() for _ in range(slots)]
         self.free = list(self.slots)
         self.inflight: dict = {}
+        self.tries: dict[int, int] = {}  # id(request) -> times it was sent again
+        self.pending: deque = deque()  # (method, request, node lost, why) to send again
         self.key = ray.get(self.slots[0].device_key.remote())
         self.spec = ray.get(self.slots[0].spec.remote())
+        self.nodes = dict(zip(self.slots, ray.get([s.where.remote() for s in self.slots]),
+                              strict=True))
+
+    def _new_slot(self) -> Any:
+        return self._actor.remote(self.device, thread_env())
 
     @property
     def idle(self) -> int:
-        return len(self.free)
+        return max(0, len(self.free) - len(self.pending))
+
+    def placement(self) -> list[tuple[str, str | None]]:
+        """(node label, Ray node id) of every live slot."""
+        return [self.nodes[s] for s in self.slots if s in self.nodes]
 
     def submit(self, method: Method, request: TrialRequest | Mapping[str, Any]) -> None:
         """Run ``method`` ("trial" or "baseline") on a free slot; call only when ``idle``."""
         request = TrialRequest.of(request)
         slot = self.free.pop()
-        self.inflight[getattr(slot, method).remote(request)] = (slot, request)
+        self.inflight[getattr(slot, method).remote(request)] = (slot, method, request)
 
     def next_done(self) -> TrialResult | None:
         """The next finished request's result (blocking); None when nothing is in flight.
-        A slot whose actor died reports the trial as a runtime error and is restarted."""
-        if not self.inflight:
-            return None
-        done, _ = self.ray.wait(list(self.inflight), num_returns=1)
-        slot, request = self.inflight.pop(done[0])
-        self.free.append(slot)
-        try:
-            return self.ray.get(done[0])
-        except self.ray.exceptions.RayError as err:
-            return TrialResult("runtime_error", request.tag,
-                               f"the measurement slot died: {type(err).__name__}: "
-                               f"{str(err).splitlines()[0] if str(err) else ''}",
-                               config=dict(request.config))
+        A slot whose actor died is replaced and its request run again (see the class)."""
+        while self.inflight or self.pending:
+            if self.pending and not self.slots:  # nowhere left to run it
+                method, request, lost, why = self.pending.popleft()
+                return self._failed(request, lost, why)
+            while self.pending and self.free:
+                method, request, _, _ = self.pending.popleft()
+                slot = self.free.pop()
+                self.inflight[getattr(slot, method).remote(request)] = (slot, method, request)
+            done, _ = self.ray.wait(list(self.inflight), num_returns=1)
+            slot, method, request = self.inflight.pop(done[0])
+            try:
+                result = self.ray.get(done[0])
+            except self.ray.exceptions.RayError as err:
+                lost = self._lose(slot)
+                why = (f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                       )[:300]
+                tries = self.tries.get(id(request), 0)
+                if tries < self.retries:
+                    self.tries[id(request)] = tries + 1
+                    self.pending.append((method, request, lost, why))
+                    continue
+                return self._failed(request, lost, why)
+            self.tries.pop(id(request), None)
+            self.free.append(slot)
+            return result
+        return None
+
+    def _failed(self, request: TrialRequest, lost: bool, why: str) -> TrialResult:
+        tries = self.tries.pop(id(request), 0)
+        return TrialResult("node_lost" if lost else "runtime_error", request.tag,
+                           ("the node running the measurement slot was lost" if lost
+                            else "the measurement slot died")
+                           + f" ({tries + 1} attempt(s)): {why}", config=dict(request.config))
+
+    def _lose(self, slot: Any) -> bool:
+        """Drop a dead slot, start a replacement where the cluster has room; returns whether
+        the slot's node is gone."""
+        label, node = self.nodes.pop(slot, (None, None))
+        self.slots = [s for s in self.slots if s is not slot]
+        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+        lost = node is not None and node not in alive
+        if self._room():
+            new = self._new_slot()
+            try:
+                self.nodes[new] = self.ray.get(new.where.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - it could not start: the pool shrinks
+                return lost
+            self.slots.append(new)
+            self.free.append(new)
+            self.replaced += 1
+        return lost
+
+    def _room(self) -> bool:
+        """Whether a new slot actor can be placed now (a GPU slot needs a free GPU: one that
+        left with its node must not be waited for)."""
+        avail = self.ray.available_resources()
+        need = {"GPU": self.resources.get("num_gpus", 0),
+                "CPU": self.resources.get("num_cpus", 0), **self.resources.get("resources", {})}
+        return all(avail.get(k, 0) >= v for k, v in need.items() if v)
 
     def close(self) -> None:
         for slot in self.slots:

@@ -32,7 +32,8 @@ VERSION_TABLE = "tuner_alembic_version"
 
 JOB_STATUSES = ("running", "finished", "failed", "interrupted")
 SHARD_STATUSES = ("running", "finished", "failed")
-MEASUREMENT_STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result")
+MEASUREMENT_STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result",
+                        "node_lost")
 
 # Lengths of key columns: bounded so that they fit in a PostgreSQL b-tree index entry.
 HASH_LEN = 128

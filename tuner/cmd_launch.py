@@ -99,7 +99,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(format_summary(result))
         names = " ".join(f"--set {k}={'x'.join(map(str, v))}"
                          for k, v in result.reports[0].shapes.items()) if result.reports else ""
-        if result.reports:
+        if result.reports and not result.reports[0].device_key.startswith("replay:"):
             print(f"query it later: tuner best {result.reports[0].program} {names}"
                   + (f" --db {url}" if args.db else ""))
     return 0

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import optuna
 
 TOP_KEYS = ("programs", "search", "tuning", "devices", "cluster", "database")
-ENTRY_KEYS = ("name", "file", "program", "set")
+ENTRY_KEYS = ("name", "file", "program", "kernel_tuner", "set")
 # Config spaces are small sets of discrete choices, so only samplers that handle categorical
 # parameters without extra packages are offered; "grid" tries every config once.
 SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "BruteForceSampler",
@@ -56,7 +56,7 @@ KERNEL_LEVEL_OPS = tuple(n for n in COMPUTE_OPS if KERNEL in OPS[n].levels)
 BLOCK_LEVEL_OPS = tuple(n for n in OPS if BLOCK in OPS[n].levels
                         and n not in ("input", "output", "graph_kernel"))
 DEFAULT_URL = "sqlite:///./tuner.db"  # db.DEFAULT_URL, without importing db
-_DEVICE = re.compile(r"cpu|cuda|cuda:\d+")
+_DEVICE = re.compile(r"cpu|cuda|cuda:\d+|replay")
 
 
 class JobError(ValueError):
@@ -72,11 +72,16 @@ class JobError(ValueError):
 class ProgramEntry:
     """One program of the job, overrides applied; ``line`` is its line in the job file."""
 
-    program: Program
-    kind: str  # "builtin" | "file" | "inline"
+    program: Program | None  # None for a Kernel Tuner space (``space``)
+    kind: str  # "builtin" | "file" | "inline" | "kernel_tuner"
     ref: str  # the built-in name, the resolved file path, or "inline"
     overrides: dict[str, Any]
     line: int
+    space: Any = None  # costmodel.KernelTunerSpace of a ``kernel_tuner:`` entry
+
+    @property
+    def name(self) -> str:
+        return self.space.kernel if self.program is None else self.program.name
 
 
 @dataclass(frozen=True)
@@ -264,9 +269,12 @@ class _Parser:
         def count(node: yaml.Node, path: str) -> int | None:
             return self.integer(node, path, 1)
 
+        programs = self.programs(top["programs"][1])
+        devices = self.devices(get("devices"))
+        self.check_replay(programs, devices, top)
         return JobSpec(
             source=self.source,
-            programs=self.programs(top["programs"][1]),
+            programs=programs,
             search=self.section(get("search"), "search", SearchSpec, {
                 "max_kernel_ops": count, "max_block_ops": count, "max_block_inputs": count,
                 "max_grid_dims": lambda n, p: self.integer(n, p, 1, 3),
@@ -279,11 +287,29 @@ class _Parser:
                 "confirm": lambda n, p: self.integer(n, p, 0),
                 "sampler": self.sampler,
                 "seed": lambda n, p: self.integer(n, p, 0, null=True)}),
-            devices=self.devices(get("devices")),
+            devices=devices,
             cluster=self.section(get("cluster"), "cluster", ClusterSpec,
                                  {"address": self.address, "workers": count}),
             database=self.database(get("database")),
         )
+
+    def check_replay(self, programs: tuple[ProgramEntry, ...], devices: tuple[str, ...],
+                     top: _Pairs) -> None:
+        """Kernel Tuner spaces run only on ``replay``; ``replay`` runs only them."""
+        spaces = [i for i, e in enumerate(programs) if e.kind == "kernel_tuner"]
+        node = top["programs"][1]
+        if spaces and "replay" not in devices:
+            i = spaces[0]
+            raise self.fail(node.value[i], f"programs[{i}].kernel_tuner", "a Kernel Tuner "
+                            "space is answered from its file by the replay device; add "
+                            "'replay' to devices")
+        if "replay" in devices and not spaces:
+            dev = top["devices"][1] if "devices" in top else None
+            j = devices.index("replay")
+            item = dev.value[j] if isinstance(dev, yaml.SequenceNode) else dev
+            raise self.fail(item, f"devices[{j}]" if item is not dev else "devices",
+                            "replay answers Kernel Tuner spaces only; add a program "
+                            "'- kernel_tuner: FILE.json.gz' or remove replay")
 
     def section(self, node: yaml.Node | None, name: str, cls: type,
                 rules: dict[str, Callable[[yaml.Node, str], Any]]) -> Any:
@@ -300,6 +326,15 @@ class _Parser:
         for i, item in enumerate(node.value):
             entry = self.entry(item, f"programs[{i}]")
             p = entry.program
+            if p is None:
+                sp = entry.space
+                key = ("kernel_tuner", sp.kernel, sp.device, sp.problem_size)
+                if key in seen:
+                    raise self.fail(item, f"programs[{i}]", f"{sp.kernel} on {sp.device} is "
+                                    f"already programs[{seen[key]}]; list each cache once")
+                seen[key] = i
+                entries.append(entry)
+                continue
             key = (p.name, p.dtype, tuple(sorted(p.inputs.items())))
             if key in seen:
                 raise self.fail(item, f"programs[{i}]", f"{p.name} at these shapes is already "
@@ -327,13 +362,20 @@ class _Parser:
             raise self.fail(node, path, "a program entry is a built-in name or a mapping with "
                             "one of name, file or program (plus an optional set)")
         m = self.mapping(node, path, ENTRY_KEYS, "a program entry")
-        forms = [k for k in ("name", "file", "program") if k in m]
+        forms = [k for k in ("name", "file", "program", "kernel_tuner") if k in m]
         if len(forms) != 1:
             got = " and ".join(forms) if forms else "none of them"
             raise self.fail(node, path, f"give exactly one of name (a built-in), file (a "
-                            f"program file) or program (inline); got {got}")
+                            f"program file), program (inline) or kernel_tuner (a Kernel Tuner "
+                            f"cache file); got {got}")
         form, value = forms[0], m[forms[0]][1]
         sub = f"{path}.{form}"
+        if form == "kernel_tuner":
+            if "set" in m:
+                raise self.fail(m["set"][0], f"{path}.set", "a Kernel Tuner space is tuned at "
+                                "the problem size it was recorded at; remove 'set'")
+            ref, space = self.kernel_tuner(value, sub)
+            return ProgramEntry(None, "kernel_tuner", ref, {}, line, space)
         if form == "name":
             program = self.builtin(value, sub)
             ref = program.name
@@ -346,6 +388,33 @@ class _Parser:
             program, overrides = self.overrides(m["set"][1], program, f"{path}.set")
         kind = {"name": "builtin", "file": "file", "program": "inline"}[form]
         return ProgramEntry(program, kind, ref, overrides, line)
+
+    def kernel_tuner(self, node: yaml.Node, path: str) -> tuple[str, Any]:
+        """A Kernel Tuner cache file (relative to the job file), read now: a missing or
+        malformed one is an error at its line."""
+        rel = self.string(node, path, "write the path of a Kernel Tuner cache file "
+                          "(FILE.json or FILE.json.gz)")
+        file = (self.base_dir / rel).resolve()
+        if not file.is_file():
+            raise self.fail(node, path, f"no file {rel!r} (looked at {file}); paths are "
+                            "relative to the job file's directory")
+        from costmodel import CacheFormatError, read_kernel_tuner  # torch-free, but slow
+
+        try:
+            space = read_kernel_tuner(file)
+        except CacheFormatError as err:
+            raise self.fail(node, path, f"{err}; give a Kernel Tuner cache file (format in "
+                            "docs/job-file.md)") from None
+        bad = [k for k in space.keys
+               if not all(isinstance(c[k], int) and not isinstance(c[k], bool)
+                          for c in space.configs)]
+        if bad:
+            raise self.fail(node, path, f"{rel}: parameter {bad[0]!r} has values that are not "
+                            "whole numbers; only integer-valued Kernel Tuner spaces replay")
+        if all(math.isnan(t) for t in space.times_s):
+            raise self.fail(node, path, f"{rel}: every configuration failed on "
+                            f"{space.device}; there is nothing to replay")
+        return str(file), space
 
     def program_file(self, node: yaml.Node, path: str) -> tuple[Program, str]:
         rel = self.string(node, path, "write the path of a program .yaml file")
@@ -449,7 +518,7 @@ class _Parser:
             dev = self.value(item)
             if not isinstance(dev, str) or not _DEVICE.fullmatch(dev.strip().lower()):
                 raise self.fail(item, sub, f"unknown device {dev!r}; write cpu, cuda (every "
-                                "GPU) or cuda:N (GPU number N)")
+                                "GPU), cuda:N (GPU number N) or replay (Kernel Tuner spaces)")
             dev = dev.strip().lower()
             overlap = dev in devices or (dev.startswith("cuda") and "cuda" in devices) or (
                 dev == "cuda" and any(d.startswith("cuda:") for d in devices))

@@ -114,13 +114,21 @@ class LaunchResult:
 def job_key(job: JobSpec) -> str:
     """Identifies a job across relaunches: its programs (by reference hash and shapes) and
     every setting that changes what is searched or tuned."""
-    keys = [program_key(e.program) for e in job.programs]
     desc = {
-        "programs": [[k.name, k.program_hash, k.shapes] for k in keys],
+        "programs": [_entry_key(e) for e in job.programs],
         "search": repr(job.search), "tuning": repr(job.tuning), "devices": list(job.devices),
     }
     digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
     return f"{Path(job.source).stem}:{digest}"
+
+
+def _entry_key(entry: ProgramEntry) -> list:
+    if entry.space is not None:  # a Kernel Tuner space: its identity and the replayed GPU
+        from .replay import space_identity
+
+        return [entry.space.kernel, space_identity(entry.space)[1], entry.space.device_key]
+    k = program_key(entry.program)
+    return [k.name, k.program_hash, k.shapes]
 
 
 def check_devices(devices: tuple[str, ...], address: str | None = None) -> None:
@@ -190,10 +198,13 @@ class JobRun:
     def run(self) -> LaunchResult:
         """Start (or join) Ray and check the devices there, then, and only then, open the
         database: a cluster without the job's GPUs is refused before anything is written."""
-        from cluster import make_executor, start_ray, stop_ray
+        from cluster import ClusterJoinError, make_executor, start_ray, stop_ray
 
         start = time.perf_counter()
-        started = start_ray(self.job.cluster.workers, self.address)
+        try:
+            started = start_ray(self.job.cluster.workers, self.address)
+        except ClusterJoinError as err:
+            raise InputError(str(err)) from None
         executor, pools = None, {}
         try:
             if self.address:
@@ -214,6 +225,8 @@ class JobRun:
 
         pools = {}
         for device in self.job.devices:
+            if device == "replay":  # a pool per Kernel Tuner space (tuner.replay)
+                continue
             pools[device] = SlotPool("cpu" if device == "cpu" else "cuda", _slots(device))
         return pools
 
@@ -227,6 +240,12 @@ class JobRun:
         try:
             storage = optuna_storage(database)
             for entry in self.job.programs:
+                if entry.space is not None:
+                    from .replay import run_replay
+
+                    reports += run_replay(self, database, entry, storage, timings,
+                                          ProgramReport)
+                    continue
                 reports += self._program(database, record.id, entry, executor, pools, storage,
                                          timings)
             status = "finished"

@@ -49,7 +49,7 @@ class StudyTask:
     program: str
     structure_id: int
     structure_hash: str
-    structure: KernelGraph
+    structure: KernelGraph | None  # None: a replayed Kernel Tuner space (tuner.replay)
     structure_obj: dict
     reference_obj: dict
     space: ConfigSpace
@@ -208,10 +208,10 @@ class StudyRunner:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return
         why = task.space.check(config)
-        est = None
+        est_s = None
         if why is None:
             try:
-                est = estimate(task.structure, config, task.spec)
+                est_s = self.estimate_s(task, config)
             except ValueError as err:  # ShapeError is a ValueError
                 why = str(err)
         if why is not None:
@@ -219,18 +219,26 @@ class StudyRunner:
             trial.set_user_attr("invalid", why[:500])
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return
-        bound = est.seconds * min(1.0, out.efficiency or 1.0)
-        if out.statuses["ok"] >= SKIP_AFTER and out.best_s is not None and bound > out.best_s:
-            out.skipped += 1
-            trial.set_user_attr("skipped", f"roofline {bound:.3g} s > best {out.best_s:.3g} s")
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            return
-        trial.set_user_attr("roofline_s", est.seconds)
+        if est_s is not None:
+            bound = est_s * min(1.0, out.efficiency or 1.0)
+            if (out.statuses["ok"] >= SKIP_AFTER and out.best_s is not None
+                    and bound > out.best_s):
+                out.skipped += 1
+                trial.set_user_attr("skipped",
+                                    f"roofline {bound:.3g} s > best {out.best_s:.3g} s")
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                return
+            trial.set_user_attr("roofline_s", est_s)
+            self._estimates[trial.number] = est_s
         request = TrialRequest(task.reference_obj, task.structure_obj, config, trial.number,
                                self.seed, self.timing, self.timeout_s)
         inflight[trial.number] = (trial, config, chash)
-        self._estimates[trial.number] = est.seconds
         self.pool.submit("trial", request)
+
+    def estimate_s(self, task: StudyTask, config: dict[str, int]) -> float | None:
+        """The roofline time of ``config`` (None: no estimate, nothing skipped); a
+        ``ValueError`` says the config is invalid."""
+        return estimate(task.structure, config, task.spec).seconds
 
     # -- one result -----------------------------------------------------------------------
 

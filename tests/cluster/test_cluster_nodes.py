@@ -1,0 +1,279 @@
+"""Several Ray nodes on this machine (``ray.cluster_utils.Cluster``): search shards on
+several nodes, measurement slots per node and GPU, the node of every measurement, nodes
+removed mid-search and mid-tuning, dead slots replaced.  docs/cluster.md.
+
+The nodes declare GPUs they do not have: the ``replay`` device takes a GPU slot as ``cuda``
+does, so these tests run exactly the path real GPUs take.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray import cloudpickle  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import db  # noqa: E402
+from cluster import (  # noqa: E402
+    LocalExecutor,
+    RayExecutor,
+    SlotPool,
+    TrialRequest,
+    run_and_verify,
+    search_program,
+)
+from costmodel import read_kernel_tuner  # noqa: E402
+from kernels import ReplayDevice, device_key  # noqa: E402
+from search.suite import load_program  # noqa: E402
+
+CACHES = Path("/work/shared/data/kernel_tuner_caches")
+CONV = CACHES / "convolution" / "A100.json.gz"
+if not CONV.exists():  # the shared data may live beside the checkout
+    CONV = Path(__file__).resolve().parents[3] / "shared" / "data" / \
+        "kernel_tuner_caches" / "convolution" / "A100.json.gz"
+pytestmark = pytest.mark.skipif(not CONV.exists(), reason=f"no Kernel Tuner cache at {CONV}")
+
+SEARCHED = load_program("rmsnorm_matmul", {"X": "16x256", "W": "256x256"})  # quickstart's
+
+
+class SlowReplay(ReplayDevice):
+    """A replay device whose trials take ``delay_s``: trials stay in flight long enough for
+    a node to be removed under them."""
+
+    delay_s = 0.4
+
+    def run_trial(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        time.sleep(self.delay_s)
+        return super().run_trial(*args, **kwargs)
+
+
+cloudpickle.register_pickle_by_value(__import__(__name__))
+
+
+def _traced(payload: dict, shard):  # noqa: ANN001, ANN202
+    """A search shard that also says which Ray node ran it."""
+    res = run_and_verify(payload, shard)
+    time.sleep(0.2)  # long enough that a node can be removed while shards run
+    return res, ray.get_runtime_context().get_node_id()
+
+
+class TracingExecutor(RayExecutor):
+    """The search's Ray executor, remembering the node of every finished shard."""
+
+    def __init__(self) -> None:
+        super().__init__(task=_traced, address="auto")
+        self.nodes: Counter = Counter()
+        self.first = threading.Event()
+
+    def next_result(self):  # noqa: ANN201
+        if not self.inflight:
+            return None
+        done, self.inflight = self.ray.wait(self.inflight, num_returns=1)
+        res, node = self.ray.get(done[0])
+        self.nodes[node] += 1
+        self.first.set()
+        return res
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """A head (no CPU: the driver's) and two worker nodes, each with one CPU, two GPUs and
+    its own custom resource; node B builds cpu kernels for x86-64-v2, so its cpu device key
+    differs from the driver's."""
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    a = c.add_node(num_cpus=1, num_gpus=2, resources={"node_a": 1})
+    b = c.add_node(num_cpus=1, num_gpus=2, resources={"node_b": 1},
+                   env_vars={"TUNER_CPU_MARCH": "x86-64-v2"})
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        yield c, {"a": a.node_id, "b": b.node_id}
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _space_device(delay: float | None = None) -> tuple[object, ReplayDevice]:
+    from tuner.replay import replay_device
+
+    space = read_kernel_tuner(CONV)
+    dev = replay_device(space, str(CONV))
+    if delay is not None:
+        dev = SlowReplay(dev.table, dev.key_of, dev.key, dev.spec)
+        dev.delay_s = delay
+    return space, dev
+
+
+def _requests(space, n: int) -> list[TrialRequest]:  # noqa: ANN001
+    ok = [c for c, t in zip(space.configs, space.times_s, strict=True) if t == t][:n]
+    return [TrialRequest({}, {}, {k: int(v) for k, v in c.items()}, tag=i)
+            for i, c in enumerate(ok)]
+
+
+def test_search_shards_run_on_several_nodes_and_verify_what_one_node_does(nodes) -> None:
+    local = search_program(SEARCHED, executor=LocalExecutor())
+    ex = TracingExecutor()
+    try:
+        spread = search_program(SEARCHED, executor=ex)
+    finally:
+        ex.close()
+    _, ids = nodes
+    assert set(spread.verified) == set(local.verified) and local.verified
+    assert set(ex.nodes) == {ids["a"], ids["b"]}, ex.nodes  # the head has no CPU
+
+
+def test_replay_slots_are_one_per_gpu_placed_on_every_gpu_node(nodes) -> None:
+    space, dev = _space_device()
+    pool = SlotPool(dev, 4)
+    try:
+        placed = Counter(node for _, node in pool.placement())
+        _, ids = nodes
+        assert placed == {ids["a"]: 2, ids["b"]: 2}
+        for r in _requests(space, 4):
+            pool.submit("trial", r)
+        results = [pool.next_done() for _ in range(4)]
+        assert pool.next_done() is None
+        assert {r.status for r in results} == {"ok"}
+        hosts = {r.host for r in results}
+        assert hosts <= {label for label, _ in pool.placement()}  # each names its node
+    finally:
+        pool.close()
+
+
+def test_a_cpu_slot_files_its_timings_under_its_own_nodes_device_key(nodes) -> None:
+    pool = SlotPool("cpu", 1, resources={"num_cpus": 0, "resources": {"node_b": 0.01}})
+    try:
+        (label, node), = pool.placement()
+        _, ids = nodes
+        assert node == ids["b"]
+        assert pool.key.endswith(":x86-64-v2") and pool.key != device_key("cpu")
+    finally:
+        pool.close()
+
+
+def test_a_replay_launch_on_the_cluster_spreads_trials_over_the_gpu_slots(
+        nodes, tmp_path: Path) -> None:
+    from tuner.launch import launch
+
+    job = tmp_path / "replay.yaml"
+    job.write_text(f"programs:\n  - kernel_tuner: {CONV}\ndevices: [replay]\n"
+                   "tuning: {trials_per_structure: 16, seed: 3}\n")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    result = launch(job, db_url=url)
+    (rep,) = result.reports
+    space = read_kernel_tuner(CONV)
+    assert rep.device_key == space.device_key == "replay:" + space.device
+    assert rep.trials == 16 and rep.best_s is not None and rep.best_s < 1.0  # seconds
+    with db.connect(url) as database:
+        rows = database.history(_phash(space), device_key=rep.device_key)
+        assert len(rows) == 16  # only what the study measured, never the rest of the file
+        recorded = dict(zip(map(db.config_hash, ({k: int(v) for k, v in c.items()}
+                                                 for c in space.configs)),
+                            space.times_s, strict=True))
+        for h in rows:
+            if h.status == "ok":
+                assert h.median_s == pytest.approx(recorded[db.config_hash(h.config)])
+        hosts = {m.host for h in rows for m in database.measurements(h.trial_id)}
+        _, ids = nodes
+        assert {h.split(":")[1] for h in hosts} == {ids["a"][:12], ids["b"][:12]}
+        best = database.best_kernel(_phash(space), {"problem_size": list(space.problem_size)},
+                                    "kernel_tuner", space.device_key)
+        assert best.time_s == min(h.median_s for h in rows if h.status == "ok")
+
+
+def _phash(space) -> str:  # noqa: ANN001
+    from tuner.replay import space_identity
+
+    return space_identity(space)[1]
+
+
+def test_a_killed_slot_actor_is_replaced_and_its_trial_run_again(nodes) -> None:
+    space, dev = _space_device(delay=1.0)
+    pool = SlotPool(dev, 2)
+    try:
+        reqs = _requests(space, 2)
+        for r in reqs:
+            pool.submit("trial", r)
+        time.sleep(0.3)
+        ray.kill(pool.slots[0], no_restart=True)
+        results = sorted((pool.next_done() for _ in reqs), key=lambda r: r.tag)
+        assert [r.status for r in results] == ["ok", "ok"]
+        assert pool.replaced == 1 and len(pool.slots) == 2
+    finally:
+        pool.close()
+
+
+def test_a_node_removed_mid_search_changes_nothing_verified(nodes) -> None:
+    c, _ = nodes
+    extra = c.add_node(num_cpus=1, resources={"node_c": 1})
+    c.wait_for_nodes()
+    local = search_program(SEARCHED, executor=LocalExecutor())
+    ex = TracingExecutor()
+    killer = threading.Thread(target=lambda: (ex.first.wait(60), c.remove_node(extra)))
+    killer.start()
+    try:
+        spread = search_program(SEARCHED, executor=ex)
+    finally:
+        killer.join()
+        ex.close()
+    assert set(spread.verified) == set(local.verified)
+    assert extra.node_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def test_a_node_removed_mid_tuning_loses_no_trial(nodes, tmp_path: Path) -> None:
+    """A study on 6 GPU slots over three nodes; the third node is removed while its slots
+    hold trials: every trial asked is stored exactly once (re-run on a surviving slot, or
+    stored as node_lost), and the study measures all it was asked to."""
+    from tuner.jobfile import TuningSpec
+    from tuner.launch import optuna_storage
+    from tuner.replay import ReplayStudyRunner, config_space_of, space_identity
+    from tuner.tune import StudyTask, study_name
+
+    c, _ = nodes
+    extra = c.add_node(num_cpus=0, num_gpus=2, resources={"node_c": 1})
+    c.wait_for_nodes()
+    space, dev = _space_device(delay=0.3)
+    pool = SlotPool(dev, 6)
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    database = db.connect(url)
+    try:
+        assert extra.node_id in {n for _, n in pool.placement()}
+        program, phash = space_identity(space)
+        shapes = {"problem_size": list(space.problem_size)}
+        pid = database.record_program(phash, shapes, "kernel_tuner", space.kernel, program)
+        sid = database.record_structure(pid, phash, program, {"verdict": "recorded"}, 1)
+        done = Counter()
+
+        def on_trial(task, res) -> None:  # noqa: ANN001
+            done[res.status] += 1
+            if sum(done.values()) == 4:
+                c.remove_node(extra)
+
+        runner = ReplayStudyRunner(database, optuna_storage(database),
+                                   TuningSpec(seed=1).make_sampler, pool, trials=24, seed=1,
+                                   on_trial=on_trial)
+        task = StudyTask(space.kernel, sid, phash, None, program, program,
+                         config_space_of(space), pool.key, pool.spec,
+                         study_name(space.kernel, phash, db.shapes_key(shapes), phash,
+                                    pool.key))
+        out = runner.run(task, phash)
+        rows = database.history(phash, device_key=pool.key)
+        assert out.measured == 24 == len(rows)
+        assert len({db.config_hash(h.config) for h in rows}) == 24  # none twice
+        assert all(len(database.measurements(h.trial_id)) == 1 for h in rows)
+        assert {h.status for h in rows} <= {"ok", "node_lost", "runtime_error",
+                                            "compile_error"}
+        assert len(pool.slots) == 4  # the lost node's GPUs are gone; no slot waits for them
+        alive = {n for _, n in pool.placement()}
+        assert extra.node_id not in alive
+    finally:
+        database.close()
+        pool.close()

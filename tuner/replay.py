@@ -1,0 +1,160 @@
+"""Replay launches: a Kernel Tuner space tuned on the ``replay`` device through the launch.
+
+A job entry ``{kernel_tuner: FILE.json.gz}`` with ``devices: [replay]`` runs no search: the
+space is the cache's parameters (every value each one takes in the file), the study driver of
+``tuner.tune`` asks Optuna for configs, and each trial is answered from the file by a
+``kernels.ReplayDevice`` held in a measurement slot that takes a GPU like ``cuda`` does (one
+slot per GPU the Ray cluster declares, trials in parallel across them).  A config absent from
+the file is an invalid trial (not stored, as a config that does not lower); one that failed
+there is stored with its status (``compile_error`` / ``runtime_error``).  Only the trials the
+study measured are stored, under the program and structure ``tuner import kernel-tuner`` uses
+for the same file, on ``replay:<GPU>``; the best is the fastest stored ``ok`` (one recorded
+timing per config: nothing is re-timed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import db
+from kernels import ConfigSpace, DeviceSpec, ReplayDevice
+
+from .tune import StudyRunner, StudyTask, study_name
+
+if TYPE_CHECKING:
+    from costmodel import KernelTunerSpace
+
+    from .jobfile import ProgramEntry
+
+# Kernel Tuner's failure markers -> measurement statuses (as ``tuner import kernel-tuner``)
+KT_STATUS = {"CompilationFailedConfig": "compile_error", "RuntimeFailedConfig": "runtime_error",
+             "InvalidConfig": "runtime_error"}
+
+
+def space_identity(space: KernelTunerSpace) -> tuple[dict, str]:
+    """The program object and hash ``costmodel.import_kernel_tuner`` files this space under,
+    so an imported file and a replay launch of it are one program and one structure."""
+    program = {"kernel_tuner": {"kernel": space.kernel, "keys": list(space.keys),
+                                "problem_size": list(space.problem_size)}}
+    return program, hashlib.sha256(json.dumps(program, sort_keys=True).encode()).hexdigest()
+
+
+def config_space_of(space: KernelTunerSpace) -> ConfigSpace:
+    """Each parameter over the values it takes in the file; the file's first config is the
+    default (Kernel Tuner has no rule's default: the first trial is the file's first entry)."""
+    params = {k: tuple(sorted({int(c[k]) for c in space.configs})) for k in space.keys}
+    return ConfigSpace(params, {k: int(space.configs[0][k]) for k in space.keys})
+
+
+def replay_table(space: KernelTunerSpace, source: str) -> dict[str, dict]:
+    """``db.config_hash(config)`` -> the recorded trial of each config in the file."""
+    table: dict[str, dict] = {}
+    for config, seconds, marker in zip(space.configs, space.times_s, space.failures,
+                                       strict=True):
+        cfg = {k: int(v) for k, v in config.items()}
+        if math.isnan(seconds):
+            table[db.config_hash(cfg)] = {
+                "status": KT_STATUS.get(str(marker), "runtime_error"), "config": cfg,
+                "message": f"Kernel Tuner recorded {marker} on {space.device}"}
+        else:
+            table[db.config_hash(cfg)] = {
+                "status": "ok", "config": cfg, "median_s": seconds, "samples": [seconds],
+                "source": f"// {space.kernel} on {space.device}, replayed from the Kernel "
+                          f"Tuner cache {source}\n// config {json.dumps(cfg, sort_keys=True)}\n"}
+    return table
+
+
+def replay_device(space: KernelTunerSpace, source: str) -> ReplayDevice:
+    return ReplayDevice(replay_table(space, source), db.config_hash, space.device_key,
+                        replay_spec(space.device))
+
+
+def replay_spec(device: str) -> DeviceSpec:
+    """The device table's row for the GPU; a GPU not in the table gets the A100's row under
+    its own name (the replay study never estimates: a Kernel Tuner space has no µGraph, and
+    the spec is only carried along)."""
+    from dataclasses import replace
+
+    from kernels import get_spec
+
+    try:
+        return get_spec(device)
+    except KeyError:
+        return replace(get_spec("A100"), name=device)
+
+
+def replay_slots() -> tuple[int, dict[str, Any]]:
+    """(slots, Ray resources of each): one per GPU of the Ray cluster, as ``cuda``; a Ray
+    without GPUs (an embedded one on a CPU machine) gets one slot that reserves nothing."""
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    return (gpus, {"num_cpus": 0, "num_gpus": 1}) if gpus else (1, {"num_cpus": 0})
+
+
+class ReplayStudyRunner(StudyRunner):
+    """The study driver without the roofline: the space has no µGraph to estimate."""
+
+    def estimate_s(self, task: StudyTask, config: dict[str, int]) -> float | None:
+        return None
+
+
+def run_replay(run: Any, database: db.Database, entry: ProgramEntry, storage: Any,
+               timings: dict[str, Any], report: type) -> list:
+    """Tune one Kernel Tuner space on the replay device (see the module docstring).
+
+    ``run``: the ``tuner.launch.JobRun``; ``report``: its ``ProgramReport`` class (passed in:
+    this module does not import ``tuner.launch``, which imports it)."""
+    from cluster import SlotPool
+
+    space = entry.space
+    program, phash = space_identity(space)
+    shapes = {"problem_size": list(space.problem_size)}
+    from costmodel import KT_DTYPE
+
+    pid = database.record_program(phash, shapes, KT_DTYPE, space.kernel, program)
+    sid = database.record_structure(pid, phash, program,
+                                    {"layer": "replay", "verdict": "recorded",
+                                     "note": f"Kernel Tuner cache {entry.ref}"}, 1)
+    slots, resources = replay_slots()
+    t0 = time.perf_counter()
+    pool = SlotPool(replay_device(space, entry.ref), slots, resources=resources)
+    try:
+        run.log(f"{space.kernel}: Kernel Tuner space of {len(space.configs)} configs on "
+                f"{space.device}, replayed on {slots} slot(s) over "
+                f"{len({n for _, n in pool.placement()})} node(s)")
+        rep = report(space.kernel, shapes, pool.key, structures_found=1)
+        tuning = run.job.tuning
+        runner = ReplayStudyRunner(database, storage, tuning.make_sampler, pool,
+                                   trials=tuning.trials_per_structure, seed=tuning.seed or 0,
+                                   deadline=run._deadline(),
+                                   timeout_s=tuning.trial_timeout_s or 60.0,
+                                   on_trial=run._trial_progress(space.kernel))
+        cspace = config_space_of(space)
+        task = StudyTask(space.kernel, sid, phash, None, program, program, cspace, pool.key,
+                         pool.spec, study_name(space.kernel, phash, db.shapes_key(shapes),
+                                               phash, pool.key))
+        outcome = runner.run(task, phash)
+        run._merge(rep, outcome)
+        rep.structures_tuned = 1
+        best = database.best_kernel(phash, shapes, KT_DTYPE, pool.key)
+        if best is not None:
+            rep.best_s, rep.best_structure, rep.best_config = (best.time_s,
+                                                               best.structure_hash, best.config)
+        rep.tune_s = time.perf_counter() - t0
+        timings[f"{space.kernel}@{pool.key}"] = {"tune_s": round(rep.tune_s, 3),
+                                                 "slots": slots,
+                                                 "replaced_slots": pool.replaced}
+        fails = Counter({k: v for k, v in rep.statuses.items() if k != "ok"})
+        run.log(f"{space.kernel} on {pool.key}: {rep.trials} trial(s), best "
+                f"{'-' if rep.best_s is None else f'{rep.best_s * 1e3:.3f} ms'}"
+                + (f"; failed: {dict(fails)}" if fails else ""))
+        return [rep]
+    finally:
+        pool.close()
+
