@@ -11,6 +11,7 @@ from ._data import (
     concat,
     kernel_tuner_samples,
     read_kernel_tuner,
+    spec_for_key,
     sweep_samples,
 )
 from ._evaluate import SPLITS, cross_validate, folds
@@ -23,7 +24,6 @@ from ._store import (
     import_kernel_tuner,
     model_for,
     samples_from_rows,
-    spec_for_key,
     train,
 )
 

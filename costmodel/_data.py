@@ -77,14 +77,20 @@ def read_kernel_tuner(path: str | Path) -> KernelTunerSpace:
                             tuple(keys), tuple(configs), tuple(times), tuple(failures))
 
 
-def replay_spec(device: str) -> DeviceSpec:
-    """The device table's row for a replayed GPU (its speeds feed the model)."""
-    return get_spec(device)
+def spec_for_key(device_key: str) -> DeviceSpec:
+    """The device table's row for a device key (``replay:<GPU>`` names the replayed GPU): its
+    speeds are features, so a device the table does not know is an error, not a guess."""
+    name = device_key.split(":", 1)[1] if device_key.startswith("replay:") else device_key
+    try:
+        return get_spec(name)
+    except KeyError as err:
+        raise ValueError(f"device {device_key!r}: {err.args[0]}; the cost model needs its "
+                         "speeds") from None
 
 
 def kernel_tuner_samples(space: KernelTunerSpace) -> list[Sample]:
     """One sample per configuration that ran (failed ones have no time to learn)."""
-    spec = replay_spec(space.device)
+    spec = spec_for_key(space.device_key)
     group = f"{space.kernel}@{space.device}"
     out = []
     for config, seconds in zip(space.configs, space.times_s, strict=True):

@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import db
-from kernels import DeviceSpec, get_spec
+from kernels import DeviceSpec
 from search import from_obj
 
-from ._data import read_kernel_tuner
+from ._data import read_kernel_tuner, spec_for_key
 from ._evaluate import cross_validate
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
 from ._metrics import evaluate
@@ -29,12 +29,6 @@ KT_DTYPE = "kernel_tuner"  # the dtype column of an imported Kernel Tuner space
 # Kernel Tuner's failure markers -> our measurement statuses
 KT_STATUS = {"CompilationFailedConfig": "compile_error", "RuntimeFailedConfig": "runtime_error",
              "InvalidConfig": "runtime_error"}
-
-
-def spec_for_key(device_key: str) -> DeviceSpec:
-    """The device table's row for a device key (``replay:<GPU>`` names the replayed GPU)."""
-    name = device_key.split(":", 1)[1] if device_key.startswith("replay:") else device_key
-    return get_spec(name)
 
 
 def import_kernel_tuner(database: db.Database, path: str | Path) -> dict:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -136,3 +139,42 @@ def one_line_error(err: str, command: str) -> str:
     assert len(lines) == 1, err
     assert lines[0].startswith(f"tuner {command}: error: "), err
     return lines[0]
+
+
+# A small real launch (softmax_rows 64x64 on the cpu, one worker): tests/tuner/test_launch.py,
+# tests/costmodel/test_costmodel_cli.py
+REPO = Path(__file__).resolve().parents[1]
+TUNER = [sys.executable, "-m", "tuner.cli"]
+
+JOB = """
+programs:
+  - name: softmax_rows
+    set: {{rows: 64, cols: 64}}
+search:
+  time_limit_s: 120
+tuning:
+  trials_per_structure: {trials}
+  structures: {structures}
+  sampler: {sampler}
+  seed: 0
+  trial_timeout_s: {timeout}
+devices: [cpu]
+cluster:
+  workers: 1
+"""
+
+
+def write_job(tmp_path: Path, trials: int = 4, structures: int = 1, sampler: str = "tpe",
+              timeout: float = 30, name: str = "job.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(JOB.format(trials=trials, structures=structures, sampler=sampler,
+                               timeout=timeout))
+    return path
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([*TUNER, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env={**os.environ, **(env or {})})
+
+

@@ -87,6 +87,8 @@ def cmd_import_kernel_tuner(args: argparse.Namespace) -> int:
 
 
 def _options(args: argparse.Namespace) -> dict:
+    if args.steps is not None and args.steps < 1:
+        raise InputError(f"--steps {args.steps}: give the number of training steps, >= 1")
     return {"graphsage": {"steps": args.steps}} if args.steps else {}
 
 
@@ -94,10 +96,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     import costmodel
     import db
 
+    options = _options(args)  # bad options fail before the database is opened
     with db.connect(args.db) as database:
         try:
             out = costmodel.train(database, device_key=args.device, kind=args.kind,
-                                  force=args.force, options=_options(args).get(args.kind),
+                                  force=args.force, options=options.get(args.kind),
                                   progress=None if args.json else _say)
         except ValueError as err:
             raise InputError(str(err)) from None
@@ -118,10 +121,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import costmodel
     import db
 
+    options = _options(args)
     with db.connect(args.db, migrate_schema=False) as database:
         try:
             out = costmodel.evaluate_database(database, args.split, device_key=args.device,
-                                              options=_options(args),
+                                              options=options,
                                               progress=None if args.json else _say)
         except ValueError as err:
             raise InputError(str(err)) from None
@@ -157,7 +161,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
             raise InputError(f"no trained model for device {args.device!r}: run "
                              f"`tuner model train` first")
         model, record = found
-        rows = _ranked(database, model, args)
+        try:
+            rows = _ranked(database, model, args)
+        except ValueError as err:  # a device the table does not know
+            raise InputError(str(err)) from None
     rows = rows[:args.top]
     if args.json:
         print(json.dumps({"model_id": record.id, "kind": record.kind, "device": args.device,

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import optuna
 import pytest
-from support import kernel_tuner_cache, run_main
+from support import kernel_tuner_cache, run_cli, run_main, write_job
 
 import costmodel
 import db
@@ -96,40 +96,14 @@ def test_model_commands_say_what_is_missing(capsys, tmp_path):
     assert code == 2 and "tuner model train" in err
 
 
-JOB = """
-programs:
-  - name: softmax_rows
-    set: {{rows: 64, cols: 64}}
-search:
-  time_limit_s: 120
-tuning:
-  trials_per_structure: {trials}
-  structures: 1
-  sampler: model
-  seed: 0
-devices: [cpu]
-cluster:
-  workers: 1
-"""
-
-
 def test_sampler_model_falls_back_without_a_model_then_uses_the_trained_one(tmp_path):
     """A launch with ``sampler: model`` and no model tunes with TPE and says so; after
     ``tuner model train`` on what it measured, a longer launch ranks with the model."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2]
     url = f"sqlite:///{tmp_path / 'launch.db'}"
 
-    def launch(trials: int) -> subprocess.CompletedProcess:
-        job = tmp_path / f"job{trials}.yaml"
-        job.write_text(JOB.format(trials=trials))
-        return subprocess.run([sys.executable, "-m", "tuner.cli", "launch", str(job), "--db",
-                               url], capture_output=True, text=True, timeout=600,
-                              cwd=repo, env=dict(os.environ))
+    def launch(trials: int):
+        job = write_job(tmp_path, trials=trials, sampler="model", name=f"job{trials}.yaml")
+        return run_cli("launch", str(job), "--db", url, timeout=600)
 
     first = launch(6)
     assert first.returncode == 0, first.stderr
@@ -152,3 +126,17 @@ def test_sampler_model_falls_back_without_a_model_then_uses_the_trained_one(tmp_
     seen = {tuple(sorted(t.params.items())) for t in trials[:asked]}
     fresh = [tuple(sorted(t.params.items())) for t in trials[asked:]][:35 - len(seen)]
     assert len(set(fresh)) == len(fresh) and not set(fresh) & seen
+
+
+def test_bad_model_options_and_unknown_devices_are_one_line_errors(capsys, tmp_path):
+    url = f"sqlite:///{tmp_path / 'gpu.db'}"
+    odd = kernel_tuner_cache(tmp_path, "odd", device="Some Unknown GPU 9000")
+    assert run_main(capsys, "import", "kernel-tuner", odd, "--db", url)[0] == 0
+    with db.connect(url) as database:
+        before = database.row_counts()
+    code, _, err = run_main(capsys, "model", "train", "--steps", "0", "--db", url)
+    assert code == 2 and "--steps 0" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url)
+    assert code == 2 and "Some Unknown GPU 9000" in err and "speeds" in err
+    with db.connect(url) as database:
+        assert database.row_counts() == before and not db.models(database)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import MALFORMED
+from support import MALFORMED, TUNER, run_cli, write_job
 
 import db
 import tuner
@@ -27,40 +27,6 @@ from tuner.confirm import TIMINGS
 from verifier import DEFAULT_TESTS, equivalent
 
 REPO = Path(__file__).resolve().parents[2]
-TUNER = [sys.executable, "-m", "tuner.cli"]
-
-JOB = """
-programs:
-  - name: softmax_rows
-    set: {{rows: 64, cols: 64}}
-search:
-  time_limit_s: 120
-tuning:
-  trials_per_structure: {trials}
-  structures: {structures}
-  sampler: {sampler}
-  seed: 0
-  trial_timeout_s: {timeout}
-devices: [cpu]
-cluster:
-  workers: 1
-"""
-
-
-def write_job(tmp_path: Path, trials: int = 4, structures: int = 1, sampler: str = "tpe",
-              timeout: float = 30) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB.format(trials=trials, structures=structures, sampler=sampler,
-                               timeout=timeout))
-    return path
-
-
-def run_cli(*args: str, env: dict | None = None, timeout: float = 300
-            ) -> subprocess.CompletedProcess:
-    return subprocess.run([*TUNER, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env={**os.environ, **(env or {})})
-
-
 def counts(url: str) -> dict[str, int]:
     with db.connect(url, migrate_schema=False) as database:
         return database.row_counts()

@@ -6,21 +6,16 @@ convention."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import run_cli
 
 import db
 import tuner
 from kernels import LibraryKernel, library_kernel
 from search.suite import load_program
-
-REPO = Path(__file__).resolve().parents[2]
-TUNER = [sys.executable, "-m", "tuner.cli"]
 
 # A plain matmul.  On the development VM (AMD EPYC, AVX-512, loaded) the generated kernels
 # beat numpy's OpenBLAS at every size tried (256x512x512: 0.8 vs 4.1 ms; 1024^3: 15 vs 43 ms),
@@ -56,11 +51,6 @@ cluster:
 """
 
 
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*TUNER, *args], capture_output=True, text=True, timeout=600,
-                          cwd=REPO, env={**os.environ, **(env or {})})
-
-
 def test_library_kernel_runs_the_reference_like_a_kernel() -> None:
     program = load_program("rmsnorm_matmul", {"X": "16x64", "W": "64x32"})
     kernel = library_kernel(program.build())
@@ -87,7 +77,7 @@ def test_a_launch_where_blas_wins_serves_the_library(tmp_path: Path) -> None:
     job.write_text(JOB)
     url = f"sqlite:///{tmp_path / 'lib.db'}"
     slow = {"TUNER_FAULT_TRIALS": SLOW_EVERY_TRIAL}
-    res = run_cli("launch", str(job), "--db", url, "--json", env=slow)
+    res = run_cli("launch", str(job), "--db", url, "--json", env=slow, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     (rep,) = json.loads(res.stdout)["programs"]
     assert rep["library"] is True, json.dumps(rep)
@@ -105,11 +95,11 @@ def test_a_launch_where_blas_wins_serves_the_library(tmp_path: Path) -> None:
     assert len(timings) == 3 and all(m.status == "ok" for m in timings)
     assert structure.verification["verdict"] == "library"
     # `tuner best` says the library wins, and by how much
-    res = run_cli("best", str(tmp_path / "plain_matmul.yaml"), "--db", url)
+    res = run_cli("best", str(tmp_path / "plain_matmul.yaml"), "--db", url, timeout=600)
     assert res.returncode == 0, res.stderr
     assert "the library wins" in res.stdout and "faster than the fastest tuned kernel" \
         in res.stdout, res.stdout
-    res = run_cli("best", str(tmp_path / "plain_matmul.yaml"), "--db", url, "--json")
+    res = run_cli("best", str(tmp_path / "plain_matmul.yaml"), "--db", url, "--json", timeout=600)
     got = json.loads(res.stdout)
     assert got["library"] is True and got["tuned_s"] == pytest.approx(rep["tuned_s"])
     # `tuner.load` returns the library path, with a kernel's calling convention
@@ -125,7 +115,7 @@ def test_a_launch_where_blas_wins_serves_the_library(tmp_path: Path) -> None:
     np.testing.assert_allclose(buf, x @ w, rtol=1e-4, atol=1e-3)
     # a relaunch re-times nothing of the library and keeps it the best
     before = len(timings)
-    res = run_cli("launch", str(job), "--db", url, "--json", env=slow)
+    res = run_cli("launch", str(job), "--db", url, "--json", env=slow, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     (again,) = json.loads(res.stdout)["programs"]
     assert again["library"] is True
