@@ -234,6 +234,14 @@ def cpu_march() -> str:
     return march
 
 
+def cpu_simd(spec: DeviceSpec) -> tuple[int, int]:
+    """(fp32 lanes per vector register, vector registers) of a cpu spec, from its ISA level:
+    AVX-512 has 32 registers of 16 lanes, AVX2 / AVX and SSE 16 of 8 and of 4.  A matmul's
+    register tile must fit in them (``kernels.lowering`` picks its rows by this)."""
+    isa = spec.arch.rsplit("-", 1)[-1]
+    return {"avx512": (16, 32), "avx2": (8, 16), "avx": (8, 16)}.get(isa, (4, 16))
+
+
 def _simd_lanes_fp32() -> tuple[int, str]:
     march = cpu_march()
     if march != "native":
@@ -364,7 +372,8 @@ def _local_cpu_spec_cached(root: str, size_mb: int | None) -> DeviceSpec:
         peak_fp16_tensor_flops=peak, peak_fp32_flops=peak,
         smem_per_block_default=l2 // 2, smem_per_block_optin=l2, smem_per_sm=l2,
         max_threads_per_block=1024, sm_count=cores, max_blocks_per_sm=1,
-        max_threads_per_sm=1, registers_per_sm=32 * lanes, max_registers_per_thread=32 * lanes,
+        max_threads_per_sm=1, registers_per_sm=(32 if isa == "avx512" else 16) * lanes,
+        max_registers_per_thread=(32 if isa == "avx512" else 16) * lanes,
         launch_overhead_s=CPU_LAUNCH_OVERHEAD_S,
         l1_bytes=l1, l2_bytes=l2, llc_bytes=_cache_bytes(3, 32 * KiB * KiB),
     )

@@ -88,24 +88,39 @@ class CppDialect(CStyle):
         buf = dict(self._row_streams)[start]
         return [f"{buf}[c] = {st.var};  // to {a.view}, streamed after the row"]
 
-    def matmul_tiles(self, lp: Loop, rows: int, width: int) -> list[str]:
+    def matmul_tiles(self, lp: Loop, rows: int, width: int, count: str) -> list[str]:
         coords = [f"i{d}" for d in range(len(lp.shape) - 1)]
+        call = f"mm_rows<{rows}>(" if count == str(rows) else f"mm_rows_n<{rows}>({count}, "
         out = []
         for st in (s for s in lp.col if isinstance(s, Let) and s.op == "matmul"):
             a, b = (replace(x, col=0) for x in st.access)
             arr = f"m_{st.var}"
             self._mm_index[st.var] = f"{arr}[(r - r0) * {width} + c]"
+            b_tile, b_stride = (f"pk_{st.var}", width) if st.attrs.get("pack") else \
+                (f"{b.view} + {self._index(b, coords)}", b.red)
             out += [f"// {st.comment} ({rows} row(s) x {width} in registers, k = "
                     f"{st.attrs['k']})",
                     f"alignas(64) float {arr}[{rows * width}];", "{",
                     f"  const float* a_rows[{rows}];",
-                    f"  for (int r = r0; r < r0 + {rows}; ++r) {{",
+                    f"  for (int r = r0; r < r0 + {count}; ++r) {{",
                     *_indent(self.coord_lines(lp), "    "),
                     f"    a_rows[r - r0] = {a.view} + {self._index(a, coords)};", "  }",
                     "  const int r = r0;", *_indent(self.coord_lines(lp)),
-                    f"  mm_rows<{rows}>(a_rows, {a.red}, {b.view} + {self._index(b, coords)}, "
-                    f"{b.red}, {st.attrs['k']}, {width}, {arr}, {_prefetch(st)});",
+                    f"  {call}a_rows, {a.red}, {b_tile}, {b_stride}, {st.attrs['k']}, {width}, "
+                    f"{arr}, {_prefetch(st)});",
                     "}"]
+        return out
+
+    def matmul_packs(self, lp: Loop, width: int) -> list[str]:
+        out = []
+        for st in (s for s in lp.col if isinstance(s, Let) and s.op == "matmul"):
+            if st.attrs.get("pack"):
+                b, k = replace(st.access[1], col=0), st.attrs["k"]
+                out += [f"// B of {st.var}: rows {b.red} floats apart share L1 sets; one "
+                        "contiguous copy for every row tile",
+                        f"alignas(64) float pk_{st.var}[{k * width}];",
+                        f"pack_rows(pk_{st.var}, {b.view} + {self._index(b, [])}, {k}, "
+                        f"{width}, {b.red});"]
         return out
 
     def grid_sync(self, k: Kernel) -> list[str]:

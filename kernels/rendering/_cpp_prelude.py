@@ -109,6 +109,22 @@ static inline void mm_rows(const float* const* a, const int sa, const float* __r
       for (int k = 0; k < kn; ++k) s += a[q][k * sa] * b[k * sb + c];
       m[q * n + c] = s;
     }
+}
+template <int R>
+static inline void mm_rows_n(const int nr, const float* const* a, const int sa,
+                             const float* __restrict__ b, const int sb, const int kn,
+                             const int n, float* __restrict__ m, const long pf) {
+  // the first nr <= R rows: the shorter last tile of a loop whose rows R does not divide
+  if (nr >= R) mm_rows<R>(a, sa, b, sb, kn, n, m, pf);
+  else if constexpr (R > 1) mm_rows_n<R - 1>(nr, a, sa, b, sb, kn, n, m, pf);
+}
+static inline void pack_rows(float* __restrict__ dst, const float* __restrict__ src,
+                             const int rows, const int n, const long stride) {
+  // rows of n floats, stride apart, laid end to end (a B tile made contiguous)
+  for (int k = 0; k < rows; ++k) {
+#pragma omp simd
+    for (int c = 0; c < n; ++c) dst[k * n + c] = src[k * stride + c];
+  }
 }"""
 LANE_SUM = """typedef float tuner_v8 __attribute__((vector_size(32)));
 typedef float tuner_v4 __attribute__((vector_size(16)));

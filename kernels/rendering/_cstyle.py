@@ -272,9 +272,15 @@ class CStyle:
         self._mm_index = {}
         close = ["}"]
         if tile_rows:
+            inner += self.matmul_packs(lp, width)
             inner.append(f"for (int r0 = 0; r0 < {rows}; r0 += {tile_rows}) {{")
-            inner += _indent(self.matmul_tiles(lp, tile_rows, width))
-            inner.append(f"  for (int r = r0; r < r0 + {tile_rows}; ++r) {{")
+            count = str(tile_rows)
+            if rows % tile_rows:
+                inner.append(f"  const int nr = r0 + {tile_rows} <= {rows} ? {tile_rows} : "
+                             f"{rows} - r0;  // the last tile is shorter")
+                count = "nr"
+            inner += _indent(self.matmul_tiles(lp, tile_rows, width, count))
+            inner.append(f"  for (int r = r0; r < r0 + {count}; ++r) {{")
             close = ["  }", "}"]
         elif groups == 1:
             inner.append(f"for (int r = 0; r < {rows}; ++r) {{")
@@ -339,10 +345,14 @@ class CStyle:
         return row
 
     # ---------------------------------------------------------------- hooks for row blocking
-    def matmul_tiles(self, lp: Loop, rows: int, width: int) -> list[str]:
-        """Code computing the loop's matmuls for ``rows`` rows from ``r0``; it must fill
-        ``self._mm_index`` with each matmul's value expression at (r, c)."""
+    def matmul_tiles(self, lp: Loop, rows: int, width: int, count: str) -> list[str]:
+        """Code computing the loop's matmuls for the ``count`` (at most ``rows``) rows from
+        ``r0``; it must fill ``self._mm_index`` with each matmul's value expression at (r, c)."""
         raise NotImplementedError
+
+    def matmul_packs(self, lp: Loop, width: int) -> list[str]:
+        """Code before a loop's row tiles copying the B tiles the schedule packs."""
+        return []
 
     def _matmul_row(self, st: Let, coords: list[str], cols: tuple[str, str, str],
                     width: int) -> list[str]:

@@ -10,12 +10,13 @@ import platform
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from support import build_cpu
+from support import build_cpu, check_plan
 
-from kernels import IsolatedWorker, compile_cpp, lower, render
+from kernels import IsolatedWorker, compile_cpp, local_cpu_spec, lower, render
 from kernels.rendering import EXP_F
 from search import handwritten, load_program
 
@@ -117,3 +118,18 @@ def test_exp_loops_vectorise_on_every_x86_level(name, march, tmp_path):
     packed = [op for op in ops if re.fullmatch(r"v?(mul|add|sub)ps|vfn?m(add|sub)\d+ps", op)]
     assert "jp" not in ops, f"{march}: a NaN branch in the loops"
     assert len(packed) >= 8, f"{march}: {len(packed)} packed float ops (the exp polynomial has 8)"
+
+
+@pytest.mark.parametrize("isa, tile", [("avx2", "mm_rows_n<6>(nr, "), ("avx512", "mm_rows<4>(")])
+def test_register_tiles_fit_the_isa_and_a_strided_b_is_packed(isa, tile):
+    """With 16 vector registers (AVX2) attention's matmuls run in tiles of 6 rows, the last
+    one shorter (40 rows = 6 x 6 + 4); with 32 (AVX-512) in tiles that divide the rows.  K's
+    rows, 4 KB apart, are copied into one contiguous tile first.  Either way the kernel
+    computes the program (this CPU runs it, whatever ISA the plan was made for)."""
+    program = load_program("gqa", {"Q": "2x40x64", "K": "2x64x1024", "V": "2x1024x64"})
+    spec = replace(local_cpu_spec(), arch=f"x86_64-{isa}")
+    plan = lower(handwritten(program), {"F": 64, "g0": 2, "g1": 1}, spec, "gqa")
+    source = render(plan, "cpp")
+    assert tile in source and "pack_rows(pk_" in source
+    res = check_plan(plan, program.build(), source=source)
+    assert res.status == "ok", res.message
