@@ -50,7 +50,7 @@ def schedule(kernel: Kernel, plan: KernelPlan, spec: DeviceSpec,
             and _writes_output(lp, kernel, plan)
         lp.prefetch = _row_prefetches(lp, kernel, plan, spec, width)
         lp.tile_rows = 0 if lp.join or _joined_by_next(lp, kernel) else \
-            _tile_rows(lp, width, spec, knobs.get("tile_rows"))
+            _tile_rows(lp, width, spec, knobs.get("tile_rows"), kernel, plan)
         lp.matmul_rows = lp.tile_rows == 0 and width <= MATMUL_ROW_MAX
         lp.tree_sum = bool(lp.reductions) and not lp.chunked and width <= TREE_SUM_MAX_COLS
         if lp.tile_rows:
@@ -141,15 +141,16 @@ def _row_prefetches(lp: Loop, k: Kernel, plan: KernelPlan, spec: DeviceSpec,
     return tuple(out)
 
 
-def _tile_rows(lp: Loop, width: int, spec: DeviceSpec, most: int | None) -> int:
+def _tile_rows(lp: Loop, width: int, spec: DeviceSpec, most: int | None, k: Kernel,
+               plan: KernelPlan) -> int:
     """Rows per register tile of the loop's matmuls (0: no tiling).  Tiles when every matmul
     reads B with unit column stride and the same B rows for the rows of a tile.
 
     AVX-512 (32 registers, tiles of R rows x 4 vectors): more than 4 rows share one pass over
     B but spill accumulators, worth it only when B's tile does not stay in L1 between passes
     (mha's 64 x 64 B: 7.7 ms at 4 rows, 10.1 ms at 8; gated_mlp's 64 x 512: 10.0 ms at 4, 8.9
-    ms at 8); the rows of a tile divide the loop's.  16 registers (AVX2, SSE), B's tile in L1:
-    6 rows x 2 vectors, 12 accumulators, the most that fit, with a shorter last tile where 6
+    ms at 8); the rows of a tile divide the loop's.  16 registers (AVX2, SSE), B's tile in L1,
+    or in L2 with B cached (lora's 4 MB W: 0.81 -> 0.70 ms, one thread): 6 rows x 2 vectors, 12 accumulators, the most that fit, with a shorter last tile where 6
     does not divide the rows (``Loop.tile_rows`` then leaves a remainder): on a Zen 3 core, a
     48 x 64 x 64 product ran at 94 GFLOP/s in 6 x 16 tiles, 77 in 8 x 8 and 64 in 4 x 16, and
     gqa's kernel went 12.9 -> 7.8 ms (one thread, with B packed).  A B streamed from memory
@@ -165,8 +166,10 @@ def _tile_rows(lp: Loop, width: int, spec: DeviceSpec, most: int | None) -> int:
     if most is not None and most <= 0:
         return 0
     b_bytes = max(st.attrs["k"] for st in mms) * width * 4
-    if cpu_simd(spec)[1] < 32 and b_bytes <= spec.l1_bytes and \
-            (most is None or most >= TILE_ROWS_16_REGS) and _may_leave_remainder(lp, mms, inner):
+    cached = b_bytes <= spec.l1_bytes or (b_bytes <= spec.l2_bytes // 2 and not any(
+        _from_memory(k, plan, st, spec) for st in mms))
+    if cpu_simd(spec)[1] < 32 and cached and (most is None or most >= TILE_ROWS_16_REGS) and \
+            _may_leave_remainder(lp, mms, inner):
         return min(TILE_ROWS_16_REGS, lp.rows)
     cap = 8 if b_bytes > spec.l1_bytes else 4
     if most is not None:
@@ -196,20 +199,27 @@ def _matmul_prefetch(lp: Loop, st: Let, k: Kernel, plan: KernelPlan, spec: Devic
     """How far ahead (floats) the first row tile's matmul prefetches B into L2 (0: none).
 
     Only in a for-loop, when B's step per iteration is a page or more (the L2 streamer stays
-    within a 4 KB page) and B is at least PREFETCH_MIN_L2S L2 caches, so it streams from
-    memory: lora's 4 MB W, served from L3 anyway, went 0.40 -> 0.51-0.66 ms with prefetches.
+    within a 4 KB page) and B streams from memory (``_from_memory``): lora's 4 MB W, served
+    from L3 anyway, went 0.40 -> 0.51-0.66 ms with prefetches.
     When the loop walks down B's rows the prefetch runs PREFETCH_ROWS rows ahead, across into
     the next iteration's tile near the end of this one; otherwise it fetches the same tile of
     the next iteration.  gated_mlp, one thread: no prefetch 12.1-12.7 ms, a whole 64-row tile
     ahead 8.8-10.2 ms, 16 rows ahead 7.9-9.2 ms (8 rows: 9.3 ms, 32 rows: 8.5 ms)."""
     b_access = st.access[1]
     v = next(v for v in k.views if v.name == b_access.view)
-    b = _buffer(k, plan, b_access.view)
     kk, row_stride = st.attrs["k"], b_access.red
     if lp.stage != "body" or k.forloop < 2 or v.iter * 4 < 4096 or \
-            math.prod(b.shape) * 4 < PREFETCH_MIN_L2S * spec.l2_bytes:
+            not _from_memory(k, plan, st, spec):
         return 0
     return min(PREFETCH_ROWS, kk) * row_stride if v.iter == kk * row_stride else v.iter
+
+
+def _from_memory(k: Kernel, plan: KernelPlan, st: Let, spec: DeviceSpec) -> bool:
+    """Whether a matmul's B streams from memory: at least PREFETCH_MIN_L2S L2 caches and half
+    the last-level cache.  lora's 4 MB W, 8 L2s of a Zen 3 core but served from its L3, took
+    1.01 -> 0.92 ms without the prefetches (one thread)."""
+    size = math.prod(_buffer(k, plan, st.access[1].view).shape) * 4
+    return size >= max(PREFETCH_MIN_L2S * spec.l2_bytes, spec.llc_bytes // 2)
 
 
 def _join_rows(k: Kernel, loops: list[Loop]) -> None:
