@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/strategies.py [--caches DIR] [--spaces convolution,dedispersion]
         [--seeds 20] [--budget 200] [--kt genetic_algorithm,pso,adaptive_tabu_greywolf]
-        [--model gbdt] [--json OUT]
+        [--model gbdt] [--gpus A100,MI250X] [--json OUT]
 
 Every Kernel Tuner cache (one kernel on one GPU, every configuration timed) is replayed: a
 strategy proposes configurations, each new one costs one evaluation and is answered from the
@@ -219,6 +219,7 @@ def main() -> None:
     ap.add_argument("--kt", default="genetic_algorithm,pso,adaptive_tabu_greywolf",
                     help="Kernel Tuner strategies ('' for none)")
     ap.add_argument("--model", default="gbdt", help="cost model kind for the model strategy")
+    ap.add_argument("--gpus", default="", help="only these caches (file stems: A100,MI250X)")
     ap.add_argument("--json")
     args = ap.parse_args()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
@@ -231,7 +232,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kt-plain-"))
     for kernel in args.spaces.split(","):
         spaces = [Space(p) for p in sorted((Path(args.caches) / kernel).glob("*.json*"))]
+        only = {g for g in args.gpus.split(",") if g}
         for space in spaces:
+            if only and space.path.name.split(".")[0] not in only:
+                continue  # still among the others the model is trained on
             start = time.perf_counter()
             plain = tmp / f"{kernel}-{space.path.name.split('.')[0]}.json"
             plain.write_bytes(gzip.decompress(space.path.read_bytes()))

@@ -180,6 +180,23 @@ def test_launch_postgresql_end_to_end(pg_url: str, tmp_path: Path) -> None:
     check_job(pg_url, tmp_path)
 
 
+def test_a_spent_time_budget_still_times_each_structures_default(sqlite_url: str,
+                                                                   tmp_path: Path) -> None:
+    """Past the job's time budget every study still measures its first config, the AStitch
+    default, once: no program is left with nothing but the library's timing because the
+    programs before it used the budget up."""
+    job = write_job(tmp_path, trials=4, structures=2)
+    job.write_text(job.read_text().replace("  seed: 0\n", "  seed: 0\n  time_budget_s: 0.001\n")
+                   .replace("  - name: softmax_rows\n    set: {rows: 64, cols: 64}\n",
+                            "  - name: softmax_rows\n    set: {rows: 64, cols: 64}\n"
+                            "  - name: rmsnorm_residual\n    set: {X: 16x64, R: 16x64}\n"))
+    summary = launch_ok(job, sqlite_url)
+    assert [p["program"] for p in summary["programs"]] == ["softmax_rows", "rmsnorm_residual"]
+    for rep in summary["programs"]:
+        assert rep["structures_tuned"] >= 1
+        assert rep["new_trials"] == rep["structures_tuned"], rep  # one each, not four
+
+
 def test_sigkill_then_resume(sqlite_url: str, tmp_path: Path) -> None:
     job = write_job(tmp_path, trials=8, structures=2)
     proc = subprocess.Popen([*TUNER, "launch", str(job), "--db", sqlite_url, "--quiet"],
