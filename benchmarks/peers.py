@@ -12,7 +12,8 @@ round robin for ``--rounds`` rounds, medians reported:
   program's dtype on a GPU);
 - ``compile`` / ``compile-max``: ``torch.compile`` of that function (default mode, and
   ``max-autotune-no-cudagraphs``), compiled before timing;
-- ``tuner``: our kernel — the best stored in ``--db`` for this device (``tuner.best``), or
+- ``tuner``: our kernel — the best stored in ``--db`` for this device (``tuner.best``; where
+  the library path won the launch, what ``tuner.load`` serves: numpy op by op), or
   else the structure of ``--structures`` (search outputs) or the hand-written one that the
   device's roofline estimate ranks first, with the AStitch default config — checked against
   the float reference in the isolated worker first, then called in this process.
@@ -171,6 +172,13 @@ def tuner_side(args, program, device, inputs) -> Side | None:
         import tuner
 
         record = tuner.best(program, device=device.key, url=args.db)
+        if record is not None and record.library and args.device == "cpu":
+            # the library path won the launch: what tuner.load serves is numpy op by op
+            call = tuner.load(program, device=device.key, url=args.db)
+            outs = [np.empty(s, np.float32) for s in (tuple(t.shape) for t in call_outputs(ref))]
+            xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
+            return Side("tuner (stored library, numpy op by op)",
+                        lambda: call(*xs, out=outs), np.asarray)
         if record is not None:
             from search import from_obj
 
@@ -207,6 +215,11 @@ def tuner_side(args, program, device, inputs) -> Side | None:
     xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
     outs = [np.empty(b.shape, np.float32) for b in plan.outputs]
     return Side(f"tuner ({label}, {plan.config})", lambda: call(*xs, out=outs), np.asarray)
+
+
+def call_outputs(graph) -> list:
+    """The output tensors of a program's reference graph, in order."""
+    return [graph.tensors[t] for t in graph.output_ids]
 
 
 def run(args) -> list[dict]:
