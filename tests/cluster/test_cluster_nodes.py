@@ -8,6 +8,7 @@ does, so these tests run exactly the path real GPUs take.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -24,6 +25,7 @@ from cluster import (  # noqa: E402
     LocalExecutor,
     RayExecutor,
     SlotPool,
+    Speculation,
     TrialRequest,
     run_and_verify,
     search_program,
@@ -71,11 +73,8 @@ class TracingExecutor(RayExecutor):
         self.nodes: Counter = Counter()
         self.first = threading.Event()
 
-    def next_result(self):  # noqa: ANN201
-        if not self.inflight:
-            return None
-        done, self.inflight = self.ray.wait(self.inflight, num_returns=1)
-        res, node = self.ray.get(done[0])
+    def _result(self, value):  # noqa: ANN001, ANN202
+        res, node = value
         self.nodes[node] += 1
         self.first.set()
         return res
@@ -277,3 +276,39 @@ def test_a_node_removed_mid_tuning_loses_no_trial(nodes, tmp_path: Path) -> None
     finally:
         database.close()
         pool.close()
+
+
+def _slow_once(marker: str, delay_s: float):  # noqa: ANN202
+    """A search shard task: the first shard to run anywhere takes ``delay_s`` longer (a
+    worker that straggles), every other one runs as usual."""
+    def task(payload: dict, shard):  # noqa: ANN001, ANN202
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            time.sleep(delay_s)
+        except FileExistsError:
+            pass
+        return run_and_verify(payload, shard)
+    return task
+
+
+def test_a_straggling_shard_does_not_hold_the_search(nodes, tmp_path: Path) -> None:
+    """One shard takes 30 s longer on its worker: it is re-issued to an idle worker once it
+    is out far longer than the others take, the search ends long before 30 s, and the
+    verified set is the one a single node finds."""
+    local = search_program(SEARCHED, executor=LocalExecutor())
+    ex = RayExecutor(address="auto", task=_slow_once(str(tmp_path / "slow"), 30.0),
+                     speculation=Speculation(floor_s=0.5))
+    heard = []
+    ex.on_reissue = lambda sid, out_s, limit_s: heard.append((sid, out_s, limit_s))
+    try:
+        t0 = time.perf_counter()
+        spread = search_program(SEARCHED, executor=ex)
+        took = time.perf_counter() - t0
+    finally:
+        ex.close()
+    assert (tmp_path / "slow").exists(), "no shard straggled: the test proved nothing"
+    assert took < 15, f"the search took {took:.1f} s: the straggler held it"
+    assert set(spread.verified) == set(local.verified) and local.verified
+    assert ex.reissued and spread.reissued == ex.reissued
+    assert [h[0] for h in heard] == ex.reissued
+    assert all(out_s > limit_s >= 0.5 for _, out_s, limit_s in heard)
