@@ -11,6 +11,7 @@ from .runtime import (
     ClusterJoinError,
     LocalExecutor,
     RayExecutor,
+    Speculation,
     join_ray,
     make_executor,
     start_ray,
@@ -29,5 +30,5 @@ from .slots import (
 )
 
 __all__ = ["ClusterJoinError", "LocalExecutor", "LocalPool", "MeasureSlot", "MeasurementPool", "RayExecutor",
-           "ReplayPool", "SearchResult", "ShardResult", "SlotPool", "TrialRequest", "TrialResult", "describe", "join_ray", "make_executor", "rank", "run_and_verify",
+           "ReplayPool", "SearchResult", "ShardResult", "SlotPool", "Speculation", "TrialRequest", "TrialResult", "describe", "join_ray", "make_executor", "rank", "run_and_verify",
            "search_program", "start_ray", "stop_ray", "verify_structure"]

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import deque
+import statistics
+import time
+from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from search import Executor, Shard, ShardResult
@@ -124,37 +127,136 @@ def stop_ray() -> None:
     ray.shutdown()
 
 
+@dataclass
+class _Copy:
+    """One Ray task running a shard: what to re-issue it with, and when it was sent."""
+
+    shard: Shard
+    payload_ref: Any
+    sent: float
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """When a straggling shard is copied to an idle worker: once it has been out longer than
+    ``factor`` x the median finished shard's run time and at least ``floor_s`` (so the usual
+    spread of shard times copies nothing); at most ``copies`` extra copies of one shard."""
+
+    factor: float = 4.0
+    floor_s: float = 2.0
+    copies: int = 1
+
+    def threshold(self, finished: list[float]) -> float:
+        return max(self.floor_s, self.factor * statistics.median(finished) if finished else 0.0)
+
+
+DEFAULT_SPECULATION = Speculation()
+
+
 class RayExecutor:
-    """Shards as Ray tasks; a task whose worker dies is retried (``max_retries``)."""
+    """Shards as Ray tasks; a task whose worker dies is retried (``max_retries``), and a
+    shard that straggles while a worker is idle is re-issued there (``Speculation``; None:
+    never): the first copy to finish wins, the others are cancelled.  A shard's result does
+    not depend on where it ran, so the verified set is the same; a slow node no longer
+    holds the search for as long as it takes.  ``reissued`` lists the re-issued shard ids;
+    ``on_reissue(shard_id, out_s, threshold_s)`` hears of each as it happens."""
 
     def __init__(self, workers: int = 1, address: str | None = None,
-                 max_retries: int = 3, task: Task = run_and_verify) -> None:
+                 max_retries: int = 3, task: Task = run_and_verify,
+                 speculation: Speculation | None = DEFAULT_SPECULATION) -> None:
         import ray
 
         self.ray = ray
         self.started = start_ray(workers, address)
         cpus = int(ray.cluster_resources().get("CPU", workers))
         self.workers = cpus if address else workers
-        self.task = ray.remote(num_cpus=1, max_retries=max_retries)(task)
-        self.inflight: list = []
+        # SPREAD: shards go round the nodes with a free CPU, so every node of a cluster takes
+        # part (the default packs short tasks onto the nodes whose workers are warm)
+        self.task = ray.remote(num_cpus=1, max_retries=max_retries,
+                               scheduling_strategy="SPREAD")(task)
+        self.inflight: dict[Any, _Copy] = {}
+        self.speculation = speculation
+        self.finished_s: list[float] = []
+        self.reissued: list[str] = []
+        self.on_reissue: Callable[[str, float, float], None] | None = None
         self._payload_ref: tuple[int, Any] | None = None
 
     def submit(self, shard: Shard, payload: dict) -> None:
         if self._payload_ref is None or self._payload_ref[0] is not payload:
             # keep the payload itself: an id() could be reused by a later search's payload
             self._payload_ref = (payload, self.ray.put(payload))
-        self.inflight.append(self.task.remote(self._payload_ref[1], shard))
+        self._send(shard, self._payload_ref[1])
+
+    def _send(self, shard: Shard, payload_ref: Any) -> None:
+        ref = self.task.remote(payload_ref, shard)
+        self.inflight[ref] = _Copy(shard, payload_ref, time.monotonic())
 
     def next_result(self) -> ShardResult | None:
-        if not self.inflight:
+        """The first shard to finish; while none does, straggling shards are re-issued to
+        idle workers.  A copy that fails while another copy of its shard still runs is
+        forgotten; the last copy's failure is raised."""
+        while self.inflight:
+            done, _ = self.ray.wait(list(self.inflight), num_returns=1,
+                                    timeout=self._poll_s())
+            if not done:
+                self._speculate()
+                continue
+            copy = self.inflight.pop(done[0])
+            others = [r for r, c in self.inflight.items() if c.shard.id == copy.shard.id]
+            try:
+                result = self._result(self.ray.get(done[0]))
+            except Exception:
+                if others:
+                    continue  # another copy of this shard still runs: wait for it
+                raise
+            for ref in others:  # the losers: their result would be the same
+                del self.inflight[ref]
+                self.ray.cancel(ref)
+            self.finished_s.append(result.elapsed_s)
+            return result
+        return None
+
+    def _result(self, value: Any) -> ShardResult:
+        """What the task returned, as the shard's result (a subclass whose task returns more
+        unpacks it here)."""
+        return value
+
+    def _poll_s(self) -> float | None:
+        """How long to wait for a result before looking for stragglers (None: no limit)."""
+        if self.speculation is None:
             return None
-        done, self.inflight = self.ray.wait(self.inflight, num_returns=1)
-        return self.ray.get(done[0])
+        return min(0.25, max(0.02, self.speculation.threshold(self.finished_s) / 8))
+
+    def _speculate(self) -> None:
+        """Copy the longest-out stragglers to idle CPUs of the cluster, one copy each.
+
+        Idle is what Ray reports free, not workers minus tasks in flight: tasks queued behind
+        a straggler on its node count as in flight but hold no CPU."""
+        spec = self.speculation
+        if spec is None:
+            return
+        now, limit = time.monotonic(), spec.threshold(self.finished_s)
+        copies = Counter(c.shard.id for c in self.inflight.values())
+        oldest: dict[str, _Copy] = {}
+        for c in self.inflight.values():
+            if c.shard.id not in oldest or c.sent < oldest[c.shard.id].sent:
+                oldest[c.shard.id] = c
+        late = sorted((c for c in oldest.values()
+                       if now - c.sent > limit and copies[c.shard.id] <= spec.copies),
+                      key=lambda c: c.sent)
+        if not late:
+            return
+        idle = int(self.ray.available_resources().get("CPU", 0))
+        for c in late[:idle]:
+            self._send(c.shard, c.payload_ref)
+            self.reissued.append(c.shard.id)
+            if self.on_reissue is not None:
+                self.on_reissue(c.shard.id, now - c.sent, limit)
 
     def close(self) -> None:
         for ref in self.inflight:
             self.ray.cancel(ref, force=True)
-        self.inflight = []
+        self.inflight = {}
         if self.started:
             self.ray.shutdown()
 

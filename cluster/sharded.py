@@ -25,13 +25,17 @@ def search_program(program: Program, limits: Limits | None = None, *, workers: i
     """Search ``program`` for verified structures; ranks them (fewest kernels first).
 
     Without ``executor``, one is made (Ray with ``workers`` CPUs, or joined at ``address``)
-    and closed at the end.  ``done`` and ``on_shard``: see ``search.run_search``.
+    and closed at the end.  ``done`` and ``on_shard``: see ``search.run_search``.  The
+    result's ``reissued`` names the straggling shards this search copied to idle workers.
     """
     own = executor is None
     executor = executor or make_executor(workers, address)
+    before = len(getattr(executor, "reissued", ()))
     try:
-        return run_search(program, limits, executor, time_limit_s=time_limit_s, tests=tests,
-                          on_progress=on_progress, done=done, on_shard=on_shard)
+        result = run_search(program, limits, executor, time_limit_s=time_limit_s, tests=tests,
+                            on_progress=on_progress, done=done, on_shard=on_shard)
+        result.reissued = list(getattr(executor, "reissued", ())[before:])
+        return result
     finally:
         if own:
             executor.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -152,6 +153,7 @@ class MeasureSlot:
         the result carries the request's ``tag``."""
         if request.structure is None:
             raise ValueError("a trial request needs a structure (a baseline has none)")
+        _maybe_slow_trial()
         replay = self.device.kind == "replay"  # answers from its table: nothing to build
         out = self.device.run_trial(
             request.structure if replay else from_obj(request.structure),
@@ -174,6 +176,15 @@ class MeasureSlot:
 
     def close(self) -> None:
         self.worker.close()
+
+
+def _maybe_slow_trial() -> None:
+    """Fault injection for the node-loss drill: a slot whose environment names
+    ``TUNER_FAULT_SLOW_TRIAL_S`` (a node started with it) holds every trial that long first,
+    so the node can be removed while its slots hold trials."""
+    delay = float(os.environ.get("TUNER_FAULT_SLOW_TRIAL_S") or 0)
+    if delay > 0:
+        time.sleep(delay)
 
 
 def node_label() -> str:

@@ -10,7 +10,8 @@ advisory lock on PostgreSQL).  Optuna's storage, which shares the database, does
 for its tables, creates the missing ones and stamps its version rows in separate steps, so two
 ``tuner launch`` started at once on a fresh database failed with "table studies already exists"
 or a UNIQUE violation on its ``alembic_version``.  ``schema_lock`` makes such set-ups take
-turns: an ``flock`` on the SQLite database file (independent of SQLite's own POSIX locks) or a
+turns: an ``flock`` on the SQLite database file (independent of SQLite's own POSIX locks, on a
+descriptor never closed: see ``_lock_handle``) or a
 session-level PostgreSQL advisory lock on a connection of its own.  Both end with the process
 that holds them, however it ends.
 """
@@ -153,9 +154,25 @@ def schema_lock(engine: Engine) -> Iterator[None]:
     if path is None or fcntl is None:  # in memory: one process's; no flock on Windows
         yield
         return
-    with open(path, "ab") as handle:  # the database file itself (created empty if missing)
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    handle = _lock_handle(path)
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_LOCK_HANDLES: dict[str, object] = {}
+
+
+def _lock_handle(path: Path) -> object:
+    """A handle on the database file itself (created empty if missing), opened once per
+    process and never closed.  Closing any descriptor of a file drops every POSIX lock the
+    process holds on it, SQLite's included: a launch that closed this handle lost the locks
+    that mark its connections as live, so a reader closing its last connection (`tuner best`,
+    `tuner status --watch`) took the database for unused, checkpointed and deleted the WAL,
+    and everything the launch wrote afterwards went into the deleted file."""
+    key = str(path.resolve())
+    if key not in _LOCK_HANDLES:
+        _LOCK_HANDLES[key] = open(path, "ab")  # noqa: SIM115 - held for the process's life
+    return _LOCK_HANDLES[key]

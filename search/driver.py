@@ -84,6 +84,7 @@ class SearchResult:
     saturation: dict
     limits: Limits
     unfinished: list[str] = field(default_factory=list)
+    reissued: list[str] = field(default_factory=list)  # shards the executor ran twice
 
     @property
     def best(self) -> dict | None:
@@ -98,7 +99,7 @@ class SearchResult:
             "timed_out": self.stats.timed_out, "shards": self.shards_run,
             "first_single_kernel_s": self.first_single_kernel_s,
             "saturation": self.saturation, "limits": _limits_dict(self.limits),
-            "unfinished_configs": self.unfinished,
+            "unfinished_configs": self.unfinished, "reissued_shards": self.reissued,
             "structures": [{k: v for k, v in s.items() if k != "graph"}
                            for s in self.structures],
             "best": ({k: v for k, v in self.best.items() if k != "graph"}

@@ -290,6 +290,10 @@ class JobRun:
 
         t0 = time.perf_counter()
         self.log(f"{program.name}: search ({len(done)} shards from an earlier run)")
+        if hasattr(executor, "on_reissue"):  # a Ray executor: say which stragglers it copied
+            executor.on_reissue = lambda sid, out_s, limit_s: self.log(
+                f"{program.name}: shard {sid} out {out_s:.1f} s (limit {limit_s:.1f} s): "
+                "re-issued to an idle worker, the first copy to finish wins")
         result = search_program(program, self.job.search.limits(), tests=VERIFY_TESTS,
                                 executor=executor,
                                 time_limit_s=self.job.search.time_limit_s, done=done,
@@ -298,7 +302,9 @@ class JobRun:
         stored = self._store_structures(database, pid, program, result, reference)
         self.log(f"{program.name}: {len(result.verified)} verified structure(s) in "
                  f"{search_s:.1f} s; tuning the best {min(len(stored), self.job.tuning.structures)}"
-                 " by the roofline estimate of each device")
+                 " by the roofline estimate of each device"
+                 + (f" ({len(result.reissued)} straggling shard(s) re-issued)"
+                    if result.reissued else ""))
         reports = []
         for device, pool in pools.items():
             rep = ProgramReport(program.name, key.shapes, pool.key,

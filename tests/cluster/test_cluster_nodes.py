@@ -8,6 +8,7 @@ does, so these tests run exactly the path real GPUs take.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -24,6 +25,7 @@ from cluster import (  # noqa: E402
     LocalExecutor,
     RayExecutor,
     SlotPool,
+    Speculation,
     TrialRequest,
     run_and_verify,
     search_program,
@@ -71,11 +73,8 @@ class TracingExecutor(RayExecutor):
         self.nodes: Counter = Counter()
         self.first = threading.Event()
 
-    def next_result(self):  # noqa: ANN201
-        if not self.inflight:
-            return None
-        done, self.inflight = self.ray.wait(self.inflight, num_returns=1)
-        res, node = self.ray.get(done[0])
+    def _result(self, value):  # noqa: ANN001, ANN202
+        res, node = value
         self.nodes[node] += 1
         self.first.set()
         return res
@@ -277,3 +276,101 @@ def test_a_node_removed_mid_tuning_loses_no_trial(nodes, tmp_path: Path) -> None
     finally:
         database.close()
         pool.close()
+
+
+def _slow_once(marker: str, delay_s: float):  # noqa: ANN202
+    """A search shard task: the first shard to run anywhere takes ``delay_s`` longer (a
+    worker that straggles), every other one runs as usual."""
+    def task(payload: dict, shard):  # noqa: ANN001, ANN202
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            time.sleep(delay_s)
+        except FileExistsError:
+            pass
+        return run_and_verify(payload, shard)
+    return task
+
+
+def test_a_straggling_shard_does_not_hold_the_search(nodes, tmp_path: Path) -> None:
+    """One shard takes 30 s longer on its worker: it is re-issued to an idle worker once it
+    is out far longer than the others take, the search ends long before 30 s, and the
+    verified set is the one a single node finds."""
+    local = search_program(SEARCHED, executor=LocalExecutor())
+    ex = RayExecutor(address="auto", task=_slow_once(str(tmp_path / "slow"), 30.0),
+                     speculation=Speculation(floor_s=0.5))
+    heard = []
+    ex.on_reissue = lambda sid, out_s, limit_s: heard.append((sid, out_s, limit_s))
+    try:
+        t0 = time.perf_counter()
+        spread = search_program(SEARCHED, executor=ex)
+        took = time.perf_counter() - t0
+    finally:
+        ex.close()
+    assert (tmp_path / "slow").exists(), "no shard straggled: the test proved nothing"
+    assert took < 15, f"the search took {took:.1f} s: the straggler held it"
+    assert set(spread.verified) == set(local.verified) and local.verified
+    assert ex.reissued and spread.reissued == ex.reissued
+    assert [h[0] for h in heard] == ex.reissued
+    assert all(out_s > limit_s >= 0.5 for _, out_s, limit_s in heard)
+
+
+def test_a_node_lost_mid_launch_stores_every_trial_once(nodes, tmp_path: Path) -> None:
+    """`tuner launch` of a replay job with a third GPU node whose slots hold every trial
+    60 s: once the others have measured all but the trials stuck there, the node is removed;
+    the launch finishes long before 60 s, every trial the study asked for is stored once
+    (re-run on a live slot, or node_lost), and `tuner status` shows the job finished."""
+    import sqlite3
+
+    from tuner.launch import launch
+    from tuner.status import status
+
+    c, ids = nodes
+    extra = c.add_node(num_cpus=0, num_gpus=2, resources={"node_c": 1},
+                       env_vars={"TUNER_FAULT_SLOW_TRIAL_S": "60"})
+    c.wait_for_nodes()
+    job = tmp_path / "replay.yaml"
+    job.write_text(f"programs:\n  - kernel_tuner: {CONV}\ndevices: [replay]\n"
+                   "tuning: {trials_per_structure: 16, seed: 3}\n")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    stuck: list[int] = []
+
+    def remove_when_stuck() -> None:
+        last, since = -1, time.time()
+        while time.time() - since < 120:
+            time.sleep(0.2)
+            try:
+                with sqlite3.connect(tmp_path / "r.db", timeout=5) as conn:
+                    n = conn.execute("SELECT count(*) FROM tuner_measurements "
+                                     "WHERE attempt = 0").fetchone()[0]
+            except sqlite3.Error:
+                continue
+            if n != last:
+                last, since = n, time.time()
+            elif n > 0 and time.time() - since > 1.5:  # no progress: trials held on node c
+                break
+        stuck.append(last)
+        c.remove_node(extra)
+
+    killer = threading.Thread(target=remove_when_stuck)
+    killer.start()
+    try:
+        t0 = time.perf_counter()
+        result = launch(job, db_url=url)
+        took = time.perf_counter() - t0
+    finally:
+        killer.join()
+    (rep,) = result.reports
+    assert stuck and 0 < stuck[0] < 16, f"no trial was held on the slow node: {stuck}"
+    assert took < 50, f"the launch waited for the lost node ({took:.0f} s)"
+    assert rep.trials == 16
+    with db.connect(url) as database:
+        rows = database.history(_phash(read_kernel_tuner(CONV)), device_key=rep.device_key)
+        firsts = [h for h in rows if h.attempt == 0]
+        assert len(firsts) == len({db.config_hash(h.config) for h in firsts}) == 16
+        assert {h.status for h in firsts} <= {"ok", "node_lost"}
+        hosts = {m.host.split(":")[1] for h in firsts for m in database.measurements(h.trial_id)
+                 if m.host}
+        assert extra.node_id[:12] not in hosts and hosts <= {ids["a"][:12], ids["b"][:12]}
+    st = status(url)
+    assert [j.status for j in st.jobs] == ["finished"]
+    assert st.programs[0].summary.timings == len(rows)
