@@ -94,6 +94,21 @@ def test_pruning_keeps_graph_kernels_of_programs_without_a_sum(body):
     assert fused[True] == fused[False]
 
 
+def test_a_full_reduction_fuses_into_one_block():
+    """Outputs that keep no dim of size 2 or more leave the grid nothing to split: such a
+    program once had no shard at all; now it gets one-block shards (grid (1,))."""
+    program = parse_program("name: total\ninputs: {X: [16, 16]}\n"
+                            "body: 'O = mean(mean(X, 1), 0)'\noutputs: [O]\n")
+    result = search_program(program, Limits(), executor=LocalExecutor())
+    fused = [from_obj(s["graph"]) for s in result.structures if s["num_graph_kernels"]]
+    assert fused and result.best["num_kernels"] == 1
+    for graph in fused:
+        (op,) = graph.ops_of("graph_kernel")
+        assert op.attrs["block_graph"].grid == (1, 1, 1)
+        ok, reason = verify_structure(graph, program.build())
+        assert ok, reason
+
+
 @pytest.mark.parametrize("name", ["gqa", "mha", "mqa"])
 def test_attention_winner_loops_over_the_sequence(name):
     result = _search(name)
