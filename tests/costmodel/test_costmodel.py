@@ -42,6 +42,25 @@ def test_features_of_a_known_structure():
     assert not np.array_equal(other.nodes, s.nodes)
 
 
+def test_graph_samples_have_the_kernel_tuner_width_and_train_graphsage(tmp_path):
+    """A µGraph's node rows were two short of NODE_DIM: GraphSAGE failed on the first batch
+    of our own measurements ("mat1 and mat2 shapes cannot be multiplied") and could not mix
+    them with Kernel Tuner rows. Both kinds now share one width and train one model."""
+    graph = from_obj(mha_structure("heads"))
+    ours = []
+    for g0 in (1, 2, 4):
+        for f in (1, 2, 4, 8):
+            s = featurize(graph, {"g0": g0, "F": f}, SPEC, group="mha", program="mha",
+                          device="cuda")
+            s.seconds = 1e-4 * g0 / f
+            ours.append(s)
+    theirs = kernel_tuner_samples(read_kernel_tuner(kernel_tuner_cache(tmp_path)))
+    assert len({s.nodes.shape[1] for s in ours + theirs}) == 1
+    model = make_model("graphsage", steps=20)
+    model.fit(ours + theirs)
+    assert np.isfinite(model.predict(ours)).all()
+
+
 def test_kernel_tuner_cache_reads_times_in_seconds_and_drops_failures(tmp_path):
     space = read_kernel_tuner(kernel_tuner_cache(tmp_path))
     assert space.device_key == "replay:NVIDIA A100-PCIE-40GB"
