@@ -61,6 +61,27 @@ def test_graph_samples_have_the_kernel_tuner_width_and_train_graphsage(tmp_path)
     assert np.isfinite(model.predict(ours)).all()
 
 
+def test_a_held_out_program_with_nothing_to_rank_leaves_tau_in_the_mean(tmp_path):
+    """A program tuned as written has one config per structure: its fold's tau is nan. The
+    mean over folds once dropped tau altogether; it averages the folds that define it."""
+    import dataclasses
+
+    from costmodel import cross_validate
+
+    samples = kernel_tuner_samples(read_kernel_tuner(kernel_tuner_cache(tmp_path)))
+    other = [dataclasses.replace(s, program="other", group="other@replay") for s in samples]
+    lone = [dataclasses.replace(s, program="lone", group=f"lone{i}@replay")
+            for i, s in enumerate(samples[:6])]  # six structures of one config each
+    out = cross_validate([*samples, *other, *lone], "program", kinds=("gbdt",),
+                         options={"gbdt": {"trees": 20}})
+    folds = {f["test"]: f for f in out["folds"]["gbdt"]}
+    assert math.isnan(folds["lone"]["kendall_tau"])
+    mean = out["mean"]["gbdt"]
+    assert mean["kendall_tau"] == pytest.approx(
+        (folds["toy"]["kendall_tau"] + folds["other"]["kendall_tau"]) / 2)
+    assert mean["mape"] == pytest.approx(sum(f["mape"] for f in folds.values()) / 3)
+
+
 def test_kernel_tuner_cache_reads_times_in_seconds_and_drops_failures(tmp_path):
     space = read_kernel_tuner(kernel_tuner_cache(tmp_path))
     assert space.device_key == "replay:NVIDIA A100-PCIE-40GB"
