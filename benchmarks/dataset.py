@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> dict:
                 print(tally.line(seed, f"ERROR {type(err).__name__}: {err}"),
                       file=sys.stderr, flush=True)
                 continue
+            if time.time() >= deadline:  # the budget cut its tuning: resume it next run
+                with db.connect(args.db) as database:
+                    database.finish_job(result.job_id, "interrupted")
             tally.add(result.reports)
             rep = result.reports[0]
             print(tally.line(seed, f"{len(compute_ops_of(job))} ops, {rep.structures_found} "
