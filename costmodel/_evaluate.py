@@ -70,7 +70,19 @@ def cross_validate(samples: Sequence[Sample], split: str, kinds: Sequence[str] =
                                                                    truth, pred)})
     for kind, rows in result["folds"].items():
         rows = [r for r in rows if r is not None]
-        result["mean"][kind] = {k: float(np.mean([r[k] for r in rows])) for k in (
-            "kendall_tau", "top1_slowdown", "top5_recall", "mape") if rows and not any(
-            isinstance(r[k], float) and math.isnan(r[k]) for r in rows)} if rows else None
+        result["mean"][kind] = _mean(rows) if rows else None
     return result
+
+
+def _mean(rows: list[dict]) -> dict[str, float]:
+    """Each metric averaged over the folds where it is defined: a held-out program whose
+    structures each have one measured config (a program tuned as written has a one-config
+    space on a cpu) has no order to rank, so its tau is nan and leaves the average, as a
+    one-row group leaves a fold's (``_metrics.evaluate``); the metric is dropped only when no
+    fold defines it."""
+    out = {}
+    for k in ("kendall_tau", "top1_slowdown", "top5_recall", "mape"):
+        vals = [r[k] for r in rows if not (isinstance(r[k], float) and math.isnan(r[k]))]
+        if vals:
+            out[k] = float(np.mean(vals))
+    return out

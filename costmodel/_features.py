@@ -32,7 +32,7 @@ import numpy as np
 from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
 from search import OPS, KernelGraph
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: µGraph node rows padded to NODE_DIM (they were 2 short)
 OPCODES = ["<pad>", "kt_config", *sorted(k for k in OPS if k not in ("input", "output")),
            "input", "output"]
 OPCODE = {name: i for i, name in enumerate(OPCODES)}
@@ -134,8 +134,10 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
     def node(kind: str, shape, stage: str, level, nbytes: float, flops: float,
              kern: list[float]) -> int:
         opcodes.append(OPCODE[kind])
-        nodes.append([*_shape(shape), *_one_hot(stage, STAGES), *_one_hot(level, LEVELS),
-                      _log2(nbytes), _log2(flops), *kern, *([0.0] * (KT_PARAMS + 3))])
+        row = [*_shape(shape), *_one_hot(stage, STAGES), *_one_hot(level, LEVELS),
+               _log2(nbytes), _log2(flops), *kern]
+        # zeros up to NODE_DIM: the Kernel Tuner slots sit where featurize_params puts them
+        nodes.append(row + [0.0] * (NODE_DIM - len(row)))
         return len(nodes) - 1
 
     index = 0

@@ -2,8 +2,8 @@
 search driver and the device-free ranking (imports nothing else of ours).
 
 The IR, the op table and the hand-written structures load with the package; the program
-language (YAML), the enumerator, the driver and the suite resolve lazily, on first use:
-lowering and devices import this package and need none of them.
+language (YAML), the enumerator, the driver, the suite and the random program generator
+resolve lazily, on first use: lowering and devices import this package and need none of them.
 """
 
 from importlib import import_module
@@ -40,6 +40,7 @@ _LAZY = {
     "Executor": "driver", "SearchResult": "driver", "ShardResult": "driver",
     "run_search": "driver",
     "describe": "ranking", "rank": "ranking",
+    "random_program": "generate", "random_program_doc": "generate",
 }
 
 __all__ = [
@@ -50,7 +51,8 @@ __all__ = [
     "Shard", "ShardResult", "Stats", "SymDim", "Tensor", "UNARY_OPS", "bind_dim",
     "builtin_names", "builtin_program", "describe", "fmt_shape", "format_graph", "from_json",
     "from_obj", "handwritten", "load_program", "load_program_file", "new_block_graph",
-    "new_kernel_graph", "parse_program", "plan_configs", "rank", "run_search", "run_shard",
+    "new_kernel_graph", "parse_program", "plan_configs", "random_program", "random_program_doc",
+    "rank", "run_search", "run_shard",
     "small_instance", "split_shard", "structural_hash", "to_json", "to_obj",
 ]
 

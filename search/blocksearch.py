@@ -30,7 +30,8 @@ class BlockSearch:
         self.memo: dict[tuple, str | None] = {}
         self.sig_ids: dict[tuple, int] = {}
         self.block_ops = ctx.useful_ops(ctx.limits.block_ops)
-        grid = tuple(GRID_SYMBOLS[i] for i in range(len(shard.grid)))
+        # a shard without grid dims (outputs that keep no dim to split) is one block
+        grid = tuple(GRID_SYMBOLS[i] for i in range(len(shard.grid))) or (1,)
         specs = [(self.kg.tensors[t].shape, self.kg.tensors[t].dtype) for t in shard.inputs]
         self.bg = BlockGraph(grid, "F" if shard.loop is not None else 1, (128,), specs)
         self.exprs: list = []  # e-class of each tile (pruning on), or None (pruning off)
@@ -38,7 +39,7 @@ class BlockSearch:
         prune = ctx.limits.prune
         for i, t in enumerate(shard.inputs):
             cls = self.classes.of[t]
-            imap = tuple(cls.index(c) if c in cls else -1 for c in shard.grid)
+            imap = tuple(cls.index(c) if c in cls else -1 for c in shard.grid) or (-1,)
             fmap = cls.index(shard.loop) if shard.loop in cls else -1
             self.bg.input(i, imap, fmap)
             self.exprs.append(ctx.target.eclass(self.kexprs[t]) if prune else None)

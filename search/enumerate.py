@@ -131,7 +131,7 @@ def _block_shards(ctx: Context, prefix, g: KernelGraph, exprs, classes: DimClass
             out_classes = {c for o in outs for c in o}
             loops = [None] + [c for c in sorted(present) if c not in out_classes
                               and classes.sizes[c] >= 2]
-            for n_grid in range(1, lim.max_grid_dims + 1):
+            for n_grid in range(0 if not placeable else 1, lim.max_grid_dims + 1):
                 for grid in itertools.combinations(sorted(placeable), n_grid):
                     shards.extend(Shard(prefix, inputs, grid, loop) for loop in loops)
     return shards

@@ -130,18 +130,23 @@ class Context:
     def useful_ops(self, ops: tuple[str, ...]) -> tuple[str, ...]:
         """Ops whose result could be in the target at all: the function at the top of their
         abstract expression occurs in the saturated e-graph (sound: anything else is pruned
-        the moment it is built, so trying it is wasted work)."""
+        the moment it is built, so trying it is wasted work).  An op is probed in a block
+        graph with and without a for-loop: a loop-less ``no_red`` accumulator is the identity
+        (it only moves a tile to the epilogue), so it is useful to every target, one without
+        a sum included (a pure elementwise program)."""
         if not self.limits.prune:
             return ops
         present = {key[0] for key in self.target.table}
         kept = []
         for name in ops:
-            probe = OPS[name].abstract([("var", "a"), ("var", "b")][:OPS[name].arity or 1],
-                                       [(2, 2)] * 2, {"kind": "no_red", "_loop": True,
-                                                      "dim": 0, "scalar": 1.0})
-            top = EGG_FUNCTIONS.get(probe[0])
-            if top is None or top in present:
-                kept.append(name)
+            for looped in (True, False):
+                probe = OPS[name].abstract([("var", "a"), ("var", "b")][:OPS[name].arity or 1],
+                                           [(2, 2)] * 2, {"kind": "no_red", "_loop": looped,
+                                                          "dim": 0, "scalar": 1.0})
+                top = EGG_FUNCTIONS.get(probe[0])
+                if top is None or top in present:
+                    kept.append(name)
+                    break
         return tuple(kept)
 
     def keep(self, expr: Expr) -> bool:

@@ -7,7 +7,15 @@ import json
 import pytest
 
 from cluster import LocalExecutor, RayExecutor, search_program, verify_structure
-from search import Limits, Shard, from_obj, load_program, small_instance, structural_hash
+from search import (
+    Limits,
+    Shard,
+    from_obj,
+    load_program,
+    parse_program,
+    small_instance,
+    structural_hash,
+)
 from tuner.cli import main
 
 SMALL_OPS = ("matmul", "exp", "div", "mul", "add", "sum", "rms_norm", "accum")
@@ -68,6 +76,37 @@ def test_rmsnorm_matmul_winner_is_the_expected_fused_kernel():
     assert {"no_red", "rms"} <= kinds  # accumulators, normalisation from the rms accumulator
     (div,) = bg.ops_of("div")
     assert bg.tensors[div.outputs[0]].stage == "epilogue"  # normalised once, at the end
+
+
+@pytest.mark.parametrize("body", ["O = sigmoid(X)", "O = relu(X) - W", "O = 0.5 * gelu(X)"])
+def test_pruning_keeps_graph_kernels_of_programs_without_a_sum(body):
+    """A loop-less no_red accumulator (the identity that moves a tile to the epilogue) is
+    useful to every target: pruning once dropped it for targets with no sum in their e-graph,
+    so a purely elementwise program of ops outside the kernel op list found nothing."""
+    program = parse_program(f"name: ew\ninputs: {{X: [16, 32], W: [16, 32]}}\n"
+                            f"body: '{body}'\noutputs: [O]\n")
+    fused = {}
+    for prune in (True, False):
+        result = search_program(program, Limits(prune=prune, max_extra_ops=None),
+                                executor=LocalExecutor())
+        fused[prune] = {h for h, g in result.verified.items() if g.ops_of("graph_kernel")}
+    assert fused[True], "pruning left no graph-defined kernel"
+    assert fused[True] == fused[False]
+
+
+def test_a_full_reduction_fuses_into_one_block():
+    """Outputs that keep no dim of size 2 or more leave the grid nothing to split: such a
+    program once had no shard at all; now it gets one-block shards (grid (1,))."""
+    program = parse_program("name: total\ninputs: {X: [16, 16]}\n"
+                            "body: 'O = mean(mean(X, 1), 0)'\noutputs: [O]\n")
+    result = search_program(program, Limits(), executor=LocalExecutor())
+    fused = [from_obj(s["graph"]) for s in result.structures if s["num_graph_kernels"]]
+    assert fused and result.best["num_kernels"] == 1
+    for graph in fused:
+        (op,) = graph.ops_of("graph_kernel")
+        assert op.attrs["block_graph"].grid == (1, 1, 1)
+        ok, reason = verify_structure(graph, program.build())
+        assert ok, reason
 
 
 @pytest.mark.parametrize("name", ["gqa", "mha", "mqa"])

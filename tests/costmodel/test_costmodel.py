@@ -42,6 +42,46 @@ def test_features_of_a_known_structure():
     assert not np.array_equal(other.nodes, s.nodes)
 
 
+def test_graph_samples_have_the_kernel_tuner_width_and_train_graphsage(tmp_path):
+    """A µGraph's node rows were two short of NODE_DIM: GraphSAGE failed on the first batch
+    of our own measurements ("mat1 and mat2 shapes cannot be multiplied") and could not mix
+    them with Kernel Tuner rows. Both kinds now share one width and train one model."""
+    graph = from_obj(mha_structure("heads"))
+    ours = []
+    for g0 in (1, 2, 4):
+        for f in (1, 2, 4, 8):
+            s = featurize(graph, {"g0": g0, "F": f}, SPEC, group="mha", program="mha",
+                          device="cuda")
+            s.seconds = 1e-4 * g0 / f
+            ours.append(s)
+    theirs = kernel_tuner_samples(read_kernel_tuner(kernel_tuner_cache(tmp_path)))
+    assert len({s.nodes.shape[1] for s in ours + theirs}) == 1
+    model = make_model("graphsage", steps=20)
+    model.fit(ours + theirs)
+    assert np.isfinite(model.predict(ours)).all()
+
+
+def test_a_held_out_program_with_nothing_to_rank_leaves_tau_in_the_mean(tmp_path):
+    """A program tuned as written has one config per structure: its fold's tau is nan. The
+    mean over folds once dropped tau altogether; it averages the folds that define it."""
+    import dataclasses
+
+    from costmodel import cross_validate
+
+    samples = kernel_tuner_samples(read_kernel_tuner(kernel_tuner_cache(tmp_path)))
+    other = [dataclasses.replace(s, program="other", group="other@replay") for s in samples]
+    lone = [dataclasses.replace(s, program="lone", group=f"lone{i}@replay")
+            for i, s in enumerate(samples[:6])]  # six structures of one config each
+    out = cross_validate([*samples, *other, *lone], "program", kinds=("gbdt",),
+                         options={"gbdt": {"trees": 20}})
+    folds = {f["test"]: f for f in out["folds"]["gbdt"]}
+    assert math.isnan(folds["lone"]["kendall_tau"])
+    mean = out["mean"]["gbdt"]
+    assert mean["kendall_tau"] == pytest.approx(
+        (folds["toy"]["kendall_tau"] + folds["other"]["kendall_tau"]) / 2)
+    assert mean["mape"] == pytest.approx(sum(f["mape"] for f in folds.values()) / 3)
+
+
 def test_kernel_tuner_cache_reads_times_in_seconds_and_drops_failures(tmp_path):
     space = read_kernel_tuner(kernel_tuner_cache(tmp_path))
     assert space.device_key == "replay:NVIDIA A100-PCIE-40GB"

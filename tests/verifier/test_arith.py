@@ -309,3 +309,22 @@ def test_small_graph_is_fast():
         graph()
         best = min(best, time.perf_counter() - t)
     assert best < 2e-3, f"a 13-op graph took {best * 1e3:.2f} ms"
+
+
+def test_reductions_over_the_first_dim_without_a_test_axis():
+    """The kernels' float reference, the library path and the baseline run one value with no
+    test axis: a sum or mean over a tensor's first dim must work there (it once raised)."""
+    from search import new_kernel_graph
+    from verifier import run
+
+    g = new_kernel_graph()
+    x = g.new_input((6, 4), "float32")
+    g.mark_output(g.mean(g.sum(x, 1), 0))
+    value = np.arange(24.0).reshape(6, 4)
+    (out,) = run(g, [value], R)
+    assert out.shape == (1, 1) and out[0, 0] == pytest.approx(value.sum() / 6)
+    assert R.sum(value, -2).shape == (1, 4)
+    with pytest.raises(ValueError, match="negative tensor-dim index"):
+        R.sum(value, -3)  # past the tensor's dims
+    with pytest.raises(ValueError, match="negative tensor-dim index"):
+        F.sum(np.zeros((2, 6, 4), np.int64), -3)  # into the field's component axis

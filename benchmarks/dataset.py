@@ -1,0 +1,259 @@
+"""Fill a database with real CPU measurements of random programs: the cost model's own dataset.
+
+    .venv/bin/python benchmarks/dataset.py [--db URL] [--count N] [--seed S] [--trials K]
+        [--structures 3] [--minutes M] [--search-seconds 20] [--confirm 0] [--json] [--verbose]
+
+Program ``i`` is ``search.random_program(S + i)`` (1-8 ops of the op table, drawn only where
+its float reference stays finite: ``verifier.well_conditioned``).  Each one is a job of its
+own with the program inline (``dataset-s<seed>.yaml``), run by the same ``JobRun`` that
+``tuner launch`` runs, on the cpu device: the search (``--search-seconds`` at most), the
+best ``--structures`` by the roofline, an Optuna study of ``--trials`` per structure, the
+library candidate, all stored exactly as a user's launch stores them.  One embedded Ray with
+one worker serves every program.
+
+Resumable: a program whose job is ``finished`` in that database is skipped; a killed run
+loses at most the program in flight (its next run resumes that job: finished shards and
+measured trials are not redone).  ``--minutes`` stops starting programs when spent and ends
+the tuning of the one in flight at that moment.  Progress (programs done, measurements
+stored, rate) goes to stderr; the summary (programs, structures, ok / failed measurements,
+measurements per hour) to stdout, or one JSON object with ``--json``.  Bad arguments: one
+line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import db  # noqa: E402
+from search import random_program_doc  # noqa: E402
+from tuner.jobfile import parse_job  # noqa: E402
+from tuner.launch import JobRun, job_key  # noqa: E402
+from verifier import well_conditioned  # noqa: E402
+
+
+class ArgumentError(Exception):
+    """A bad command line: printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one line too
+        raise ArgumentError(message)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--db", default="sqlite:///./dataset.db", help="database URL")
+    p.add_argument("--count", type=int, default=1000, help="programs to run (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first program")
+    p.add_argument("--trials", type=int, default=20, help="trials per structure")
+    p.add_argument("--structures", type=int, default=3, help="structures tuned per program")
+    p.add_argument("--minutes", type=float, default=60.0,
+                   help="wall-clock budget; no program starts after it (default 60)")
+    p.add_argument("--search-seconds", type=float, default=20.0,
+                   help="time limit of each program's search (default 20)")
+    p.add_argument("--confirm", type=int, default=0,
+                   help="configs re-timed per program (the launch's tuning.confirm; "
+                        "0: every timing is a new config, the most training rows per hour)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--verbose", action="store_true", help="the launch's own log on stderr")
+    args = p.parse_args(argv)
+    for name, low in (("count", 1), ("trials", 1), ("structures", 1), ("seed", 0),
+                      ("confirm", 0)):
+        if getattr(args, name) < low:
+            raise ArgumentError(f"--{name} {getattr(args, name)}: must be at least {low}")
+    for name in ("minutes", "search_seconds"):
+        if not getattr(args, name) > 0:
+            raise ArgumentError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be "
+                                "a positive number")
+    try:
+        db.normalize_url(args.db)
+    except (ValueError, db.DatabaseError) as err:
+        raise ArgumentError(f"--db {args.db!r}: {err}") from None
+    return args
+
+
+def job_text(seed: int, args: argparse.Namespace) -> str:
+    """The job file of program ``seed``: what ``tuner launch`` would be given."""
+    doc = random_program_doc(seed, accept=lambda p: well_conditioned(p.build()))
+    job = {"programs": [{"program": doc}],
+           "search": {"time_limit_s": args.search_seconds},
+           "tuning": {"trials_per_structure": args.trials, "structures": args.structures,
+                      "confirm": args.confirm, "seed": seed, "trial_timeout_s": 30},
+           "devices": ["cpu"], "cluster": {"workers": 1}, "database": {"url": args.db}}
+    return yaml.safe_dump(job, sort_keys=False)
+
+
+def compute_ops_of(job) -> list[str]:
+    graph = job.programs[0].program.build()
+    return [op.kind for op in graph.ops if op.kind not in ("input", "output")]
+
+
+def finished_jobs(url: str) -> set[str]:
+    """Keys of the jobs that finished in this database (none when it does not exist yet)."""
+    try:
+        database = db.connect(url, migrate_schema=False)
+    except db.DatabaseError:
+        return set()
+    with database:
+        return {j.job_key for j in database.jobs() if j.status == "finished"}
+
+
+def measurement_counts(url: str) -> Counter:
+    """First-attempt measurements of kernels (the library's timings left out) by status: what
+    the cost model can learn from.  Counted in the database, so resumed work is not counted
+    twice and a re-timing is not a new row."""
+    from sqlalchemy import func, select
+
+    try:
+        database = db.connect(url, migrate_schema=False)
+    except db.DatabaseError:
+        return Counter()
+    m, t, s = db.MeasurementRow, db.TrialRow, db.StructureRow
+    stmt = (select(m.status, func.count()).join(t, m.trial_id == t.id)
+            .join(s, t.structure_id == s.id)
+            .where(m.attempt == 0, ~s.structure_hash.startswith(db.LIBRARY_PREFIX))
+            .group_by(m.status))
+    with database, database.session(write=False) as session:
+        return Counter(dict(session.execute(stmt).all()))
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+class Tally:
+    """What this run did, for the progress lines and the summary; measurements are the
+    database's counts now minus those when the run started."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.start = time.perf_counter()
+        self.programs = self.skipped = self.errors = 0
+        self.found = self.tuned = 0
+        self.before = measurement_counts(url)
+        self.statuses: Counter = Counter()
+        self.failures: list[dict] = []
+
+    def add(self, reports: list) -> None:
+        self.programs += 1
+        for rep in reports:
+            self.found += rep.structures_found
+            self.tuned += rep.structures_tuned
+        self.statuses = measurement_counts(self.url) - self.before
+
+    @property
+    def new(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.start
+
+    def per_hour(self) -> float:
+        return self.new / self.elapsed_s * 3600 if self.elapsed_s > 0 else 0.0
+
+    def line(self, seed: int, what: str) -> str:
+        return (f"[{self.elapsed_s / 60:5.1f} min] random_{seed}: {what} | programs "
+                f"{self.programs} (+{self.skipped} done before, {self.errors} errors)  "
+                f"measurements {self.new} (ok {self.statuses['ok']})  "
+                f"{self.per_hour():,.0f}/h")
+
+
+def run(args: argparse.Namespace) -> dict:
+    from cluster import start_ray, stop_ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    deadline = time.time() + args.minutes * 60
+    done = finished_jobs(args.db)
+    tally = Tally(args.db)
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else None
+    started = False
+    try:
+        for seed in range(args.seed, args.seed + args.count):
+            if time.time() >= deadline:
+                break
+            source = f"dataset-s{seed}.yaml"
+            job = parse_job(job_text(seed, args), source, base_dir=ROOT)
+            if job_key(job) in done:
+                tally.skipped += 1
+                continue
+            started = started or start_ray(1)  # once, for every program of the run
+            runner = JobRun(job, args.db, log=log)
+            runner.tune_deadline = deadline  # the budget, without changing the job's key
+            try:
+                result = runner.run()
+            except KeyboardInterrupt:
+                raise
+            except Exception as err:  # a bug in the pipeline: record it, go on
+                tally.errors += 1
+                tally.failures.append({"seed": seed, "error": f"{type(err).__name__}: {err}",
+                                       "where": traceback.format_exc().splitlines()[-3:]})
+                print(tally.line(seed, f"ERROR {type(err).__name__}: {err}"),
+                      file=sys.stderr, flush=True)
+                continue
+            if time.time() >= deadline:  # the budget cut its tuning: resume it next run
+                with db.connect(args.db) as database:
+                    database.finish_job(result.job_id, "interrupted")
+            tally.add(result.reports)
+            rep = result.reports[0]
+            print(tally.line(seed, f"{len(compute_ops_of(job))} ops, {rep.structures_found} "
+                             f"verified, {rep.structures_tuned} tuned, {rep.new_trials} "
+                             "measured"), file=sys.stderr, flush=True)
+    finally:
+        if started:
+            stop_ray()
+    return summary(args, tally)
+
+
+def summary(args: argparse.Namespace, tally: Tally) -> dict:
+    in_db = measurement_counts(args.db)
+    failed = sum(n for s, n in tally.statuses.items() if s != "ok")
+    return {"database": args.db, "cpu": cpu_name(), "cores": os.cpu_count(),
+            "first_seed": args.seed, "programs": tally.programs,
+            "programs_done_before": tally.skipped, "program_errors": tally.errors,
+            "structures_verified": tally.found, "structures_tuned": tally.tuned,
+            "measurements": tally.new, "ok": tally.statuses["ok"], "failed": failed,
+            "statuses": dict(tally.statuses), "elapsed_s": round(tally.elapsed_s, 1),
+            "measurements_per_hour": round(tally.per_hour(), 1),
+            "ok_rows_in_database": in_db["ok"], "errors": tally.failures}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except ArgumentError as err:
+        print(f"dataset.py: error: {err}", file=sys.stderr)
+        return 2
+    out = run(args)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{out['programs']} program(s) in {out['elapsed_s'] / 60:.1f} min "
+          f"({out['programs_done_before']} done before, {out['program_errors']} error(s)) "
+          f"on {out['cpu']}")
+    print(f"structures: {out['structures_verified']} verified, {out['structures_tuned']} tuned")
+    print(f"measurements: {out['measurements']} ({out['ok']} ok, {out['failed']} failed: "
+          f"{ {k: v for k, v in out['statuses'].items() if k != 'ok'} })")
+    print(f"rate: {out['measurements_per_hour']:,.0f} measurements/hour; "
+          f"ok rows in the database: {out['ok_rows_in_database']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
