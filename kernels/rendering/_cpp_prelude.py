@@ -48,13 +48,16 @@ EXP_F = """static inline float exp_f(float x) {
 }"""
 MATMUL_TILE = """// TUNER_CB(R): vectors of columns per register tile of R rows, R x CB accumulators within the
 // vector registers (32 with AVX-512, 16 otherwise); 8 x 4 on AVX-512 spills a few
-// accumulators to L1 and still beat 8 x 2 and 8 x 3 (gated_mlp 8.9 vs 9.9 and 10.4 ms)
+// accumulators to L1 and still beat 8 x 2 and 8 x 3 (gated_mlp 8.9 vs 9.9 and 10.4 ms); with
+// AVX2 an 8-row tile (only where B streams from memory: else 6 rows) takes 2 vectors, a whole
+// cache line of B per row, spilling 2 accumulators (gated_mlp, Zen 3, 2 threads: 15-21 ms
+// against 21-25 for 8 x 1)
 #if defined(__AVX512F__)
 #define TUNER_VL 16
 #define TUNER_CB(R) 4
 #elif defined(__AVX__)
 #define TUNER_VL 8
-#define TUNER_CB(R) ((R) <= 6 ? 2 : 1)
+#define TUNER_CB(R) 2
 #else
 #define TUNER_VL 4
 #define TUNER_CB(R) ((R) <= 6 ? 2 : 1)
