@@ -3,6 +3,7 @@ stored source (cached on disk) and returns a function on numpy arrays."""
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
@@ -23,14 +24,17 @@ def main() -> int:
     w = rng.standard_normal((256, 256), dtype=np.float32)
     (out,) = kernel(x, w)
     expected = (x / np.sqrt(np.mean(x * x, axis=1, keepdims=True))) @ w
-    t0 = time.perf_counter()
-    for _ in range(100):
-        kernel(x, w)
-    per_call = (time.perf_counter() - t0) / 100
+    result = [np.empty_like(out)]  # out=: no allocation per call (what a hot loop should do)
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        kernel(x, w, out=result)
+        times.append(time.perf_counter() - t0)
+    per_call = statistics.median(times)
     err = float(np.max(np.abs(out - expected)))
     print(f"tuner.load('rmsnorm_matmul'): structure {record.structure_hash[:12]}, config "
           f"{record.config}; max |error| vs numpy {err:.2e}; {per_call * 1e6:.1f} us per call "
-          f"from Python (stored kernel time {record.time_s * 1e6:.1f} us)")
+          f"from Python with out= (median of 200) (stored kernel time {record.time_s * 1e6:.1f} us)")
     return 0 if err < 1e-3 * float(np.max(np.abs(expected))) else 1
 
 
