@@ -32,7 +32,7 @@ _EXPORTS = {
     "LIBRARY": "devices",
     # the device table
     "DeviceSpec": "hardware", "GPU_SPECS": "hardware", "get_spec": "hardware",
-    "local_cpu_spec": "hardware", "cuda_device_spec": "hardware", "device_key": "hardware",
+    "local_cpu_spec": "hardware", "cpu_simd": "hardware", "cuda_device_spec": "hardware", "device_key": "hardware",
     "cuda_available": "hardware", "roofline": "hardware", "cache_root": "hardware",
     "measure_copy_bandwidth": "hardware", "measure_cpu_bandwidth": "hardware",
     # tuning helpers
