@@ -170,7 +170,10 @@ def test_status_watch_repeats_until_interrupted(sqlite_url: str, tmp_path: Path)
             line = proc.stdout.readline()
             seen += "(every 0.2 s; Ctrl-C to stop)" in line
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0, proc.stderr.read()
+        # communicate, not wait: the watch may have filled the stdout pipe meanwhile, and a
+        # process blocked writing to it would never exit (Popen.wait's documented deadlock)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
         assert seen == 2
     finally:
         proc.kill()
