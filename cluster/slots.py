@@ -250,6 +250,8 @@ class SlotPool:
         self.inflight: dict = {}
         self.tries: dict[int, int] = {}  # id(request) -> times it was sent again
         self.pending: deque = deque()  # (method, request, node lost, why) to send again
+        self.suspect: set[str] = set()  # Ray node ids where a slot died: retries go elsewhere
+        self.gone: set[str] = set()  # Ray node ids known to have left the cluster
         self.key = ray.get(self.slots[0].device_key.remote())
         self.spec = ray.get(self.slots[0].spec.remote())
         self.nodes = dict(zip(self.slots, ray.get([s.where.remote() for s in self.slots]),
@@ -269,7 +271,9 @@ class SlotPool:
     def submit(self, method: Method, request: TrialRequest | Mapping[str, Any]) -> None:
         """Run ``method`` ("trial" or "baseline") on a free slot; call only when ``idle``."""
         request = TrialRequest.of(request)
-        slot = self.free.pop()
+        safe = [s for s in self.free if self.nodes.get(s, (None, None))[1] not in self.suspect]
+        slot = (safe or self.free)[-1]
+        self.free.remove(slot)
         self.inflight[getattr(slot, method).remote(request)] = (slot, method, request)
 
     def next_done(self) -> TrialResult | None:
@@ -279,10 +283,12 @@ class SlotPool:
             if self.pending and not self.slots:  # nowhere left to run it
                 method, request, lost, why = self.pending.popleft()
                 return self._failed(request, lost, why)
-            while self.pending and self.free:
+            while self.pending and (slot := self._retry_slot()) is not None:
                 method, request, _, _ = self.pending.popleft()
-                slot = self.free.pop()
                 self.inflight[getattr(slot, method).remote(request)] = (slot, method, request)
+            if not self.inflight:  # no slot took it and none is working: it cannot run
+                method, request, lost, why = self.pending.popleft()
+                return self._failed(request, lost, why)
             done, _ = self.ray.wait(list(self.inflight), num_returns=1)
             slot, method, request = self.inflight.pop(done[0])
             try:
@@ -298,9 +304,25 @@ class SlotPool:
                     continue
                 return self._failed(request, lost, why)
             self.tries.pop(id(request), None)
-            self.free.append(slot)
+            if self.nodes.get(slot, (None, None))[1] in self.gone:  # finished as its node left
+                self.slots = [s for s in self.slots if s is not slot]
+                self.nodes.pop(slot, None)
+            else:
+                self.free.append(slot)
             return result
         return None
+
+    def _retry_slot(self) -> Any | None:
+        """A free slot for a request sent again: one on a node where no slot has died, while
+        any other slot is still working (the GCS may not yet know that a removed node is gone,
+        so its other slots look free but are dead too)."""
+        safe = [s for s in self.free if self.nodes.get(s, (None, None))[1] not in self.suspect]
+        if not safe and self.inflight:
+            return None
+        slot = (safe or self.free or [None])[-1]
+        if slot is not None:
+            self.free.remove(slot)
+        return slot
 
     def _failed(self, request: TrialRequest, lost: bool, why: str) -> TrialResult:
         tries = self.tries.pop(id(request), 0)
@@ -314,8 +336,17 @@ class SlotPool:
         the slot's node is gone."""
         label, node = self.nodes.pop(slot, (None, None))
         self.slots = [s for s in self.slots if s is not slot]
-        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
-        lost = node is not None and node not in alive
+        self.free = [s for s in self.free if s is not slot]
+        if node is not None:
+            self.suspect.add(node)
+        lost = self._node_gone(node)
+        if lost:  # the node's idle slots left with it
+            self.gone.add(node)
+            gone = [s for s in self.free if self.nodes.get(s, (None, None))[1] == node]
+            self.free = [s for s in self.free if s not in gone]
+            self.slots = [s for s in self.slots if s not in gone]
+            for s in gone:
+                self.nodes.pop(s, None)
         if self._room():
             new = self._new_slot()
             try:
@@ -326,6 +357,21 @@ class SlotPool:
             self.free.append(new)
             self.replaced += 1
         return lost
+
+    def _node_gone(self, node: str | None, wait_s: float = 5.0) -> bool:
+        """Whether ``node`` has left the cluster.  A slot's process dies at once with its
+        node, but the GCS marks the node dead only after its health checks fail: a node still
+        listed alive is asked again for ``wait_s`` before the slot is called merely dead."""
+        if node is None:
+            return False
+        deadline = time.monotonic() + wait_s
+        while True:
+            alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+            if node not in alive:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.25)
 
     def _room(self) -> bool:
         """Whether a new slot actor can be placed now (a GPU slot needs a free GPU: one that
