@@ -27,8 +27,9 @@ from .slots import (
     SlotPool,
     TrialRequest,
     TrialResult,
+    cpu_slot_nodes,
 )
 
 __all__ = ["ClusterJoinError", "LocalExecutor", "LocalPool", "MeasureSlot", "MeasurementPool", "RayExecutor",
-           "ReplayPool", "SearchResult", "ShardResult", "SlotPool", "Speculation", "TrialRequest", "TrialResult", "describe", "join_ray", "make_executor", "rank", "run_and_verify",
+           "ReplayPool", "SearchResult", "ShardResult", "SlotPool", "Speculation", "TrialRequest", "TrialResult", "cpu_slot_nodes", "describe", "join_ray", "make_executor", "rank", "run_and_verify",
            "search_program", "start_ray", "stop_ray", "verify_structure"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -52,18 +54,52 @@ TOKEN_HINT = ("copy the head node's ~/.ray/auth_token to this machine's ~/.ray/a
               "(or export RAY_AUTH_TOKEN=<the head's `ray get-auth-token`>), then launch again")
 
 
-def token_auth_for_join() -> bool | None:
+_PROBE = """
+import sys
+from ray._raylet import GcsClient
+try:
+    GcsClient(address=sys.argv[1]).internal_kv_get(b"tuner-auth-probe", None, timeout=5)
+except Exception as err:
+    print(type(err).__name__)
+    sys.exit(3)
+"""
+
+
+def cluster_wants_token(address: str, timeout_s: float = 20.0) -> bool | None:
+    """Whether the Ray cluster at ``address`` refuses a client that sends no auth token:
+    True, False, or None when it cannot tell (unreachable, another Ray).  Asked from a child
+    process with token mode off (Ray caches the mode per process; the refusal's warning goes
+    to the child's stderr)."""
+    try:
+        res = subprocess.run([sys.executable, "-c", _PROBE, address], capture_output=True,
+                             text=True, timeout=timeout_s,
+                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode == 0:
+        return False
+    return True if "AuthenticationError" in res.stdout else None
+
+
+def token_auth_for_join(address: str | None = None) -> bool | None:
     """Read Ray's auth token the way Ray's CLI does before a driver joins by address.
 
     Ray >= 2.52 starts clusters with token authentication on; ``ray.init(address=...)``
     only sends the token (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN`` or
     ``RAY_AUTH_TOKEN_PATH``) when token mode is on in the driver, which ``ray start`` and
     ``address="auto"`` switch on and an explicit address did not: every launch with
-    ``--address`` failed with InvalidAuthToken.  An explicit ``RAY_AUTH_MODE`` is left
-    alone.  Returns whether token mode is on (None: this Ray has no token auth)."""
+    ``--address`` failed with InvalidAuthToken.  The converse breaks too: a driver in token
+    mode on a cluster started without it joins, but the cluster's workers cannot call it back,
+    so no actor ever starts (every measurement slot "cancelled before it started running").
+    So a cluster at ``address`` that answers without a token is joined without one, whatever
+    token file this machine has.  An explicit ``RAY_AUTH_MODE`` is left alone.  Returns
+    whether token mode is on (None: this Ray has no token auth)."""
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode is not None:
         return mode.lower() == "token"
+    wants = cluster_wants_token(address) if address else None
+    if wants is False:
+        return False
     try:
         from ray._private.authentication.authentication_token_setup import (
             maybe_enable_token_auth_if_token_available,
@@ -74,9 +110,13 @@ def token_auth_for_join() -> bool | None:
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # its "token authentication is enabled" warning
     try:
-        return maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        enabled = maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     finally:
         quiet.setLevel(level)
+    if wants and not enabled:  # say so now, not after ray.init's ~20 s of refused retries
+        raise ClusterJoinError(f"could not join the Ray cluster at {address}: it uses token "
+                               f"authentication and this machine has no token; {TOKEN_HINT}")
+    return enabled
 
 
 def join_ray(address: str) -> None:
@@ -84,7 +124,7 @@ def join_ray(address: str) -> None:
     connect becomes ``ClusterJoinError`` with one line on what to do."""
     import ray
 
-    token = token_auth_for_join()
+    token = token_auth_for_join(address)
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError) as err:

@@ -15,8 +15,8 @@ import dataclasses
 import os
 import socket
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -204,6 +204,16 @@ def node_label() -> str:
     return f"{host}:{node[:12]}" + (f":gpu{','.join(map(str, gpus))}" if gpus else "")
 
 
+def cpu_slot_nodes() -> list[str]:
+    """The Ray nodes that can time cpu kernels: alive, with CPUs of their own (a head
+    started with ``--num-cpus 0`` only drives).  A cpu kernel uses every core of its node
+    through OpenMP, so a cpu pool takes one slot on each of them, never two on one."""
+    import ray
+
+    return sorted(n["NodeID"] for n in ray.nodes()
+                  if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0)
+
+
 def _ray_node_id() -> str | None:
     try:
         import ray
@@ -222,7 +232,9 @@ class SlotPool:
     ``device``: ``cpu``, ``cuda`` / ``cuda:N``, or a ``kernels.Device`` object made in the
     driver (a replay device: it takes a GPU slot as ``cuda`` does).  ``resources``: Ray
     resources of each slot actor (default ``num_gpus=1, num_cpus=0``; a cpu slot
-    ``num_cpus=0``).
+    ``num_cpus=0``).  ``pin``: Ray node ids, one slot on each (a cpu slot per CPU node, see
+    ``cpu_slot_nodes``); slots whose device key differs from ``prefer_key`` (or from the most
+    common one) are left out, so that one study never mixes two CPUs' timings.
 
     Faults: a slot whose actor dies (its node removed, its process killed) is replaced by a
     new actor where the cluster still has room (``replaced`` counts them), and the request it
@@ -232,7 +244,8 @@ class SlotPool:
     its node would wait forever."""
 
     def __init__(self, device: str | Device = "cpu", slots: int = 1, *,
-                 resources: dict[str, Any] | None = None, retries: int = 1) -> None:
+                 resources: dict[str, Any] | None = None, retries: int = 1,
+                 pin: Sequence[str] | None = None, prefer_key: str | None = None) -> None:
         import ray
 
         self.ray = ray
@@ -245,7 +258,12 @@ class SlotPool:
         self.retries, self.replaced = retries, 0
         self._actor = ray.remote(max_restarts=0, max_task_retries=0,
                                  **self.resources)(MeasureSlot)
-        self.slots = [self._new_slot() for _ in range(slots)]
+        self.pin = list(pin or [])
+        self.slots = ([self._new_slot(node) for node in self.pin] if self.pin
+                      else [self._new_slot() for _ in range(slots)])
+        self.left_out: list[tuple[str, str]] = []  # (Ray node id, its device key)
+        if self.pin:
+            self._keep_one_key(prefer_key)
         self.free = list(self.slots)
         self.inflight: dict = {}
         self.tries: dict[int, int] = {}  # id(request) -> times it was sent again
@@ -257,8 +275,34 @@ class SlotPool:
         self.nodes = dict(zip(self.slots, ray.get([s.where.remote() for s in self.slots]),
                               strict=True))
 
-    def _new_slot(self) -> Any:
-        return self._actor.remote(self.device, thread_env())
+    def _new_slot(self, node: str | None = None) -> Any:
+        if node is None:
+            return self._actor.remote(self.device, thread_env())
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return self._actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id=node, soft=False)).remote(self.device, thread_env())
+
+    def _keep_one_key(self, prefer: str | None) -> None:
+        """Pinned slots whose nodes time as different devices (another CPU model or ISA
+        level) would mix their timings in one study: keep the slots of one device key (
+        ``prefer`` when a node has it, else the most common) and leave the others out."""
+        keys = self.ray.get([s.device_key.remote() for s in self.slots])
+        counts = Counter(keys)
+        keep = prefer if prefer in counts else counts.most_common(1)[0][0]
+        kept = []
+        for slot, node, key in zip(self.slots, self.pin, keys, strict=True):
+            if key == keep:
+                kept.append(slot)
+                continue
+            self.left_out.append((node, key))
+            try:
+                self.ray.get(slot.close.remote(), timeout=10)
+                self.ray.kill(slot)
+            except Exception:  # noqa: BLE001 - it is dropped either way
+                pass
+        self.slots = kept
+        self.pin = [n for n in self.pin if n not in {m for m, _ in self.left_out}]
 
     @property
     def idle(self) -> int:
@@ -347,15 +391,23 @@ class SlotPool:
             self.slots = [s for s in self.slots if s not in gone]
             for s in gone:
                 self.nodes.pop(s, None)
-        if self._room():
-            new = self._new_slot()
-            try:
-                self.nodes[new] = self.ray.get(new.where.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - it could not start: the pool shrinks
+        if self.pin:  # a pinned pool replaces a slot only on a pinned node without one
+            taken = {n for _, n in self.nodes.values()}
+            spare = [n for n in self.pin if n not in taken and n not in self.gone]
+            if not spare:
                 return lost
-            self.slots.append(new)
-            self.free.append(new)
-            self.replaced += 1
+            new = self._new_slot(spare[0])
+        elif self._room():
+            new = self._new_slot()
+        else:
+            return lost
+        try:
+            self.nodes[new] = self.ray.get(new.where.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - it could not start: the pool shrinks
+            return lost
+        self.slots.append(new)
+        self.free.append(new)
+        self.replaced += 1
         return lost
 
     def _node_gone(self, node: str | None, wait_s: float = 5.0) -> bool:

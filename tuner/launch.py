@@ -221,11 +221,20 @@ class JobRun:
                 stop_ray()
 
     def _pools(self) -> dict[str, SlotPool]:
-        from cluster import SlotPool
+        from cluster import SlotPool, cpu_slot_nodes
+        from kernels import device_key
 
         pools = {}
         for device in self.job.devices:
             if device == "replay":  # a pool per Kernel Tuner space (tuner.replay)
+                continue
+            if device == "cpu" and len(nodes := cpu_slot_nodes()) > 1:  # one per CPU node
+                pool = SlotPool("cpu", pin=nodes, prefer_key=device_key("cpu"))
+                for node, key in pool.left_out:
+                    self.log(f"cpu: node {node[:12]} times as {key}, not {pool.key}: "
+                             "it searches but does not time this job's cpu trials")
+                self.log(f"cpu: {len(pool.slots)} measurement slot(s), one per CPU node")
+                pools[device] = pool
                 continue
             pools[device] = SlotPool("cpu" if device == "cpu" else "cuda", _slots(device))
         return pools
@@ -524,8 +533,9 @@ def structure_verification(structure: KernelGraph, instance: dict[str, list[int]
 
 def _slots(device: str) -> int:
     """Measurement slots for a device entry: one per GPU of the Ray cluster for ``cuda``,
-    one for ``cuda:N`` (Ray picks the GPU) and one for ``cpu`` (a cpu kernel uses every core
-    of its node, so two slots there would time each other)."""
+    one for ``cuda:N`` (Ray picks the GPU) and one for ``cpu`` on one node (a cpu kernel uses
+    every core of its node, so two slots there would time each other; a cluster of several
+    CPU nodes gets one pinned slot on each, see ``_pools``)."""
     if device != "cuda":
         return 1
     import ray

@@ -27,11 +27,13 @@ from cluster import (  # noqa: E402
     SlotPool,
     Speculation,
     TrialRequest,
+    cpu_slot_nodes,
     run_and_verify,
     search_program,
 )
 from costmodel import read_kernel_tuner  # noqa: E402
 from kernels import ReplayDevice, device_key  # noqa: E402
+from search import handwritten, to_obj  # noqa: E402
 from search.suite import load_program  # noqa: E402
 
 CACHES = Path("/work/shared/data/kernel_tuner_caches")
@@ -156,6 +158,37 @@ def test_a_cpu_slot_files_its_timings_under_its_own_nodes_device_key(nodes) -> N
         assert pool.key.endswith(":x86-64-v2") and pool.key != device_key("cpu")
     finally:
         pool.close()
+
+
+def test_a_cpu_pool_takes_one_slot_on_each_cpu_node_of_one_device_key(nodes) -> None:
+    """Nodes a and d time as this machine's cpu, node b as x86-64-v2: a cpu pool pinned to
+    every CPU node keeps one slot on a and one on d (two trials at once, one on each) and
+    leaves b out, saying which key it has, so one study never mixes two CPUs' timings."""
+    c, ids = nodes
+    extra = c.add_node(num_cpus=1, resources={"node_d": 1})
+    c.wait_for_nodes()
+    try:
+        assert set(cpu_slot_nodes()) == {ids["a"], ids["b"], extra.node_id}  # not the head
+        pool = SlotPool("cpu", pin=cpu_slot_nodes(), prefer_key=device_key("cpu"))
+        try:
+            assert pool.key == device_key("cpu")
+            assert sorted(n for _, n in pool.placement()) == sorted([ids["a"], extra.node_id])
+            assert pool.left_out == [(ids["b"], device_key("cpu") + ":x86-64-v2")]
+            program = load_program("softmax_rows", {"rows": 8, "cols": 16})
+            reference, structure = to_obj(program.build()), to_obj(handwritten(program))
+            assert pool.idle == 2
+            for tag in (1, 2):
+                pool.submit("trial", TrialRequest(reference, structure, {"g0": 2, "split": 1},
+                                                  tag=tag, timing={"budget_s": 0.1}))
+            results = [pool.next_done(), pool.next_done()]
+            assert {r.tag for r in results} == {1, 2}
+            assert all(r.status == "ok" for r in results), [r.message for r in results]
+            assert {r.host.split(":")[1] for r in results} == {ids["a"][:12],
+                                                               extra.node_id[:12]}
+        finally:
+            pool.close()
+    finally:
+        c.remove_node(extra)
 
 
 def test_a_replay_launch_on_the_cluster_spreads_trials_over_the_gpu_slots(
@@ -378,3 +411,66 @@ def test_a_node_lost_mid_launch_stores_every_trial_once(nodes, tmp_path: Path) -
     st = status(url)
     assert [j.status for j in st.jobs] == ["finished"]
     assert st.programs[0].summary.timings == len(rows)
+
+
+def test_a_driver_killed_on_the_cluster_resumes_with_nothing_lost(nodes, tmp_path: Path) -> None:
+    """`tuner launch --address` of a cpu job joins the cluster, and is SIGKILLed once it has
+    stored trials; `--resume` (this process, joined to the same cluster) keeps every stored
+    measurement as it was, reuses the search shards and measures only what is missing, every
+    trial once, on the cluster's cpu node."""
+    import signal
+    import sqlite3
+    import subprocess
+
+    from support import REPO, TUNER, write_job
+
+    from tuner.launch import launch
+
+    c, ids = nodes
+    job = write_job(tmp_path, trials=6, structures=2)
+    path = tmp_path / "k.db"
+    url = f"sqlite:///{path}"
+    proc = subprocess.Popen([*TUNER, "launch", str(job), "--db", url, "--address", c.address,
+                             "--quiet"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    measured, deadline = 0, time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None and measured < 2:
+            time.sleep(0.2)
+            try:
+                with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1) as conn:
+                    measured = conn.execute("SELECT count(*) FROM tuner_measurements "
+                                            "WHERE attempt = 0").fetchone()[0]
+            except sqlite3.Error:
+                continue
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert measured >= 2 and proc.returncode == -signal.SIGKILL, \
+        f"the launch ended before tuning (exit {proc.returncode}): {proc.stderr.read().decode()[-3000:]}"
+    with db.connect(url, migrate_schema=False) as database:
+        kept = {m.measurement_id: (m.config, m.median_s, m.measured_at)
+                for m in _tuned(database)}
+        shards = database.row_counts()["tuner_search_shards"]
+    assert len(kept) >= 2
+    result = launch(job, db_url=url, resume=True)
+    assert result.resumed
+    (rep,) = result.reports
+    assert rep.shards_reused == shards > 0
+    with db.connect(url) as database:
+        rows = _tuned(database)
+        for m in rows:
+            if m.measurement_id in kept:  # nothing measured was lost or redone
+                assert (m.config, m.median_s, m.measured_at) == kept[m.measurement_id]
+        firsts = [m for m in rows if m.attempt == 0]
+        assert rep.trials == len(firsts)
+        assert len({(m.structure_id, db.config_hash(m.config)) for m in firsts}) == len(firsts)
+        hosts = {x.host.split(":")[1] for m in firsts for x in database.measurements(m.trial_id)}
+        assert hosts == {ids["a"][:12]}  # node b builds for x86-64-v2: another device
+
+
+def _tuned(database: db.Database) -> list:
+    """Every measurement of the database's programs but the library path's."""
+    return [m for p in database.programs() for m in database.history(p.program_hash)
+            if not m.structure_hash.startswith(db.LIBRARY_PREFIX)]

@@ -180,6 +180,30 @@ def test_launch_joins_a_cluster_started_with_the_ray_cli(ray_head: str, tmp_path
     assert {h.rsplit(":", 1)[1] for h in hosts} == {"gpu0", "gpu1"}  # both its GPU slots
 
 
+def test_a_machine_without_the_token_is_refused_at_once_in_one_line(
+        ray_head: str, tmp_path: Path) -> None:
+    """The head runs token authentication (``ray start``'s default); a machine whose home has
+    no ~/.ray/auth_token and no RAY_AUTH_TOKEN: `tuner launch --address` exits 2 with one
+    line on what to do, in seconds (ray.init alone retries ~20 s), and writes no database."""
+    job = tmp_path / "cluster.yaml"
+    job.write_text("programs:\n  - {name: softmax_rows, set: {rows: 64, cols: 64}}\n"
+                   "devices: [cpu]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["HOME"] = str(tmp_path)  # no ~/.ray/auth_token here
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "tuner.cli", "launch", str(job), "--db",
+                          f"sqlite:///{tmp_path / 'c.db'}", "--address", ray_head],
+                         capture_output=True, text=True, timeout=120, env=env,
+                         cwd=Path(__file__).resolve().parents[2])
+    took = time.perf_counter() - t0
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "token authentication" in lines[0], res.stderr[-2000:]
+    assert "~/.ray/auth_token" in lines[0] and "RAY_AUTH_TOKEN" in lines[0]
+    assert took < 15, f"refused after {took:.0f} s"
+    assert not (tmp_path / "c.db").exists()
+
+
 def test_a_join_that_fails_for_want_of_a_token_says_what_to_do_in_one_line(monkeypatch) -> None:
     import ray
 

@@ -1,0 +1,110 @@
+"""How much of one GPU's ranking do the other GPUs' own measurements hold?
+
+    .venv/bin/python benchmarks/gpu_transfer.py [--caches DIR] [--spaces convolution,dedispersion]
+        [--json OUT]
+
+Leave-one-GPU-out asks a model trained on five GPUs to rank the sixth.  Before blaming the
+model, this measures what the data allows, with no model at all: for every held-out GPU, the
+Kendall tau (and top-1 slowdown) of ranking its configurations by
+
+* ``best other``: the measured times of the single other GPU that ranks it best, chosen
+  *knowing the answer* (an oracle no model trained on the others can beat by copying one);
+* ``mean others``: the mean of the other five GPUs' standardised log times;
+
+over the configurations that ran on all of them.  Also prints the GPU x GPU tau matrix.
+A leave-one-GPU-out target above the ``best other`` column asks a model to know the held-out
+GPU better than any measured GPU does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import kendalltau
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from costmodel import read_kernel_tuner  # noqa: E402
+
+
+def _key(config: dict) -> tuple:
+    return tuple(sorted(config.items()))
+
+
+def _scores(order: np.ndarray, true: np.ndarray) -> tuple[float, float]:
+    """(Kendall tau, top-1 slowdown) of ranking ``true`` times by ``order`` (lower first)."""
+    tau = kendalltau(order, true).statistic
+    return float(tau), float(true[int(np.argmin(order))] / true.min() - 1)
+
+
+def transfer(files: list[Path]) -> dict:
+    spaces = [read_kernel_tuner(f) for f in files]
+    gpus = [s.device for s in spaces]
+    times = [{_key(c): t for c, t in zip(s.configs, s.times_s, strict=True) if not math.isnan(t)}
+             for s in spaces]
+    n = len(spaces)
+    matrix = np.eye(n)
+    for i in range(n):
+        for j in range(i + 1, n):
+            common = sorted(set(times[i]) & set(times[j]))
+            tau = kendalltau([times[i][k] for k in common], [times[j][k] for k in common])
+            matrix[i, j] = matrix[j, i] = tau.statistic
+    rows = []
+    for i in range(n):
+        others = [j for j in range(n) if j != i]
+        common = sorted(set(times[i]).intersection(*(set(times[j]) for j in others)))
+        true = np.array([times[i][k] for k in common])
+        logs = [np.log([times[j][k] for k in common]) for j in others]
+        mean = np.mean([(x - x.mean()) / x.std() for x in logs], axis=0)
+        best = max(others, key=lambda j: matrix[i, j])
+        b_tau, b_top1 = _scores(np.array([times[best][k] for k in common]), true)
+        m_tau, m_top1 = _scores(mean, true)
+        rows.append({"gpu": gpus[i], "configs": len(common), "best_other": gpus[best],
+                     "best_other_tau": b_tau, "best_other_top1": b_top1,
+                     "mean_others_tau": m_tau, "mean_others_top1": m_top1})
+    mean = {k: float(np.mean([r[k] for r in rows])) for k in
+            ("best_other_tau", "best_other_top1", "mean_others_tau", "mean_others_top1")}
+    return {"gpus": gpus, "tau_matrix": matrix.round(3).tolist(), "held_out": rows, "mean": mean}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--caches", default=str(ROOT.parent / "shared" / "data" /
+                                            "kernel_tuner_caches"))
+    ap.add_argument("--spaces", default="convolution,dedispersion")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    out = {}
+    for space in args.spaces.split(","):
+        files = sorted((Path(args.caches) / space).glob("*.json*"))
+        if len(files) < 2:
+            print(f"{space}: fewer than two caches under {args.caches}", file=sys.stderr)
+            return 2
+        res = out[space] = transfer(files)
+        short = [g.split()[-1][:10] for g in res["gpus"]]
+        print(f"\n{space}: Kendall tau between GPUs (configurations that ran on both)")
+        print(" " * 12 + "".join(f"{g:>11}" for g in short))
+        for g, row in zip(short, res["tau_matrix"], strict=True):
+            print(f"{g:>12}" + "".join(f"{v:>11.2f}" for v in row))
+        print(f"\n{'held out':>28} | {'best other GPU (oracle)':>34} | {'mean of the others':>20}")
+        for r in res["held_out"]:
+            print(f"{r['gpu'][:28]:>28} | {r['best_other'][:16]:>16} tau {r['best_other_tau']:.2f}"
+                  f" top1 {100 * r['best_other_top1']:5.1f}% | tau {r['mean_others_tau']:.2f} "
+                  f"top1 {100 * r['mean_others_top1']:5.1f}%")
+        m = res["mean"]
+        print(f"{'mean':>28} | {'':>16} tau {m['best_other_tau']:.2f} top1 "
+              f"{100 * m['best_other_top1']:5.1f}% | tau {m['mean_others_tau']:.2f} top1 "
+              f"{100 * m['mean_others_top1']:5.1f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
