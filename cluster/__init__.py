@@ -19,15 +19,14 @@ from .runtime import (
 )
 from .search_tasks import run_and_verify, verify_structure
 from .sharded import search_program
+from .slot_pool import SlotPool, cpu_slot_nodes
 from .slots import (
     LocalPool,
     MeasurementPool,
     MeasureSlot,
     ReplayPool,
-    SlotPool,
     TrialRequest,
     TrialResult,
-    cpu_slot_nodes,
 )
 
 __all__ = ["ClusterJoinError", "LocalExecutor", "LocalPool", "MeasureSlot", "MeasurementPool", "RayExecutor",
