@@ -245,8 +245,10 @@ def legal(structure: KernelGraph, config: Mapping[str, int], device: str | Devic
 
 def rank_structures(structures: Sequence[KernelGraph], device: str | DeviceSpec) -> list[int]:
     """Indices of ``structures`` from the fastest roofline estimate of its AStitch default
-    config on ``device`` to the slowest; ties keep their order (the search's ranking), and
-    structures that do not lower go last.
+    config on ``device`` to the slowest; among equal estimates the one with fewer FLOPs first
+    (a memory-bound roofline cannot see extra work: every lora structure the search verified
+    computing X·(W + A·B), twice X·W + (X·A)·B's FLOPs, tied at one estimate), then their
+    order (the search's ranking); structures that do not lower go last.
 
     The search ranks by kernels and by the bytes of each tensor, which cannot see a grid
     whose blocks all re-read one operand or recompute a shared prefix: six of mha's
@@ -255,10 +257,11 @@ def rank_structures(structures: Sequence[KernelGraph], device: str | DeviceSpec)
     """
     spec = resolve_spec(device)
 
-    def key(i: int) -> tuple[float, int]:
+    def key(i: int) -> tuple[float, float, int]:
         try:
-            return estimate(structures[i], None, spec).seconds, i
+            est = estimate(structures[i], None, spec)
         except (ShapeError, ValueError, NotImplementedError):
-            return math.inf, i
+            return math.inf, math.inf, i
+        return float(f"{est.seconds:.4g}"), est.flops, i  # equal to 4 digits: a tie
 
     return sorted(range(len(structures)), key=key)

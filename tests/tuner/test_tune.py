@@ -79,6 +79,23 @@ def test_structures_are_ranked_by_the_estimate_of_their_default(device) -> None:
     assert rank_structures([heads, heads], device) == [0, 1]  # ties keep the search's order
 
 
+def test_equal_estimates_rank_the_structure_with_less_work_first() -> None:
+    """lora's searched structures compute X·(W + A·B); the hand-written one X·W + (X·A)·B,
+    half the FLOPs. Memory-bound, the roofline gives both one estimate: the one with less
+    work goes first whatever order the search listed them in."""
+    from kernels import rank_structures
+
+    program = load_program("lora")
+    hand, cpu = handwritten(program), local_cpu_spec()
+    b = estimate(hand, None, cpu)
+    tied = [g for g in search_program(program, executor=LocalExecutor()).verified.values()
+            if f"{estimate(g, None, cpu).seconds:.4g}" == f"{b.seconds:.4g}"]
+    searched = max(tied, key=lambda g: estimate(g, None, cpu).flops)
+    a = estimate(searched, None, cpu)
+    assert f"{a.seconds:.4g}" == f"{b.seconds:.4g}" and a.flops > 1.5 * b.flops
+    assert rank_structures([searched, hand], cpu) == [1, 0]
+
+
 def test_warm_start_and_codec(rmsnorm_matmul) -> None:
     _, _, structure = rmsnorm_matmul
     space = config_space(structure, "cpu")
