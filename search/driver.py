@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from .enumerate import Context, Limits, Shard, Stats, plan_configs, split_shard
 from .graph import KernelGraph
 from .lang import Program
-from .ranking import describe, rank
+from .ranking import describe, flops, rank
 from .serialize import from_obj, structural_hash, to_obj
 from .suite import small_instance
 
@@ -68,6 +68,11 @@ class ShardResult:
                    dict(obj["verified"]), obj["checked"], obj["rejected"], obj["elapsed_s"])
 
 
+# A configuration whose smallest verified block graphs all do more arithmetic than the program
+# as written (lora's X·(W + A·B): A·B recomputed in every loop iteration) keeps deepening, up
+# to this many ops past its first verified level, for one that does not ((X·A)·B after the
+# loop); otherwise a configuration stops at its first verified level.
+WASTE_EXTRA_OPS = 2
 SPLIT_FROM_OPS = 7  # with several workers, shards of this many block ops or more are split
 
 
@@ -187,6 +192,22 @@ def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dic
     by_id = {c.config_id: c for c in configs}
     pending: dict[str, set[str]] = {}
     hit: dict[str, bool] = {}
+    first_hit: dict[str, int] = {}  # configuration → op count of its first verified level
+    flop_memo: dict[str, int] = {}
+    ref_flops = flops(ctx.reference)
+
+    def _wasteful(cid: str) -> bool:
+        shards = [results[s] for s in results if results[s].config_id == cid]
+        for res in shards:
+            for h, obj in res.verified.items():
+                if h not in flop_memo:
+                    try:
+                        flop_memo[h] = flops(from_obj(obj))
+                    except ValueError:  # a loop of two steps does not fit: not wasteful
+                        flop_memo[h] = 0
+                if flop_memo[h] <= ref_flops:
+                    return False
+        return True
     best = [10**9]  # smallest op count verified in any configuration so far
 
     def submit(cid: str) -> None:
@@ -235,6 +256,20 @@ def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dic
         del pending[cid]
         if hit[cid]:
             best[0] = min(best[0], level[cid])
+            first_hit.setdefault(cid, level[cid])
+            if not _wasteful(cid) or level[cid] >= min(limits.max_block_ops,
+                                                       first_hit[cid] + WASTE_EXTRA_OPS):
+                level[cid] = 0  # done: it verified
+                continue
+            level[cid] += 1  # every structure so far does more arithmetic than the program
+            submit(cid)
+            continue
+        if cid in first_hit:  # a level past a wasteful hit found nothing: try the next
+            if level[cid] < min(limits.max_block_ops, first_hit[cid] + WASTE_EXTRA_OPS):
+                level[cid] += 1
+                submit(cid)
+            else:
+                level[cid] = 0
             continue
         ceiling = limits.max_block_ops
         if limits.max_extra_ops is not None and best[0] < 10**9:

@@ -54,3 +54,25 @@ def rank(structures: list[dict]) -> list[dict]:
     return sorted(structures, key=lambda s: (s["num_kernels"], s["bytes_moved"],
                                              s["tile_elements"], s["block_ops"],
                                              len(s["symbols"]), s["hash"]))
+
+
+def flops(graph: KernelGraph) -> int:
+    """Arithmetic of a structure at its real shapes over one block with a two-step for-loop:
+    2·M·N·K per matmul, one per output element otherwise, accumulators free (their adds
+    finish sums a matmul already counts).  A body op whose tile does not shrink with the loop
+    (work repeated in every iteration) counts twice, so a structure that does such work adds
+    to the program's own arithmetic; one block, as grid blocks repeating small work is not
+    what this measures."""
+    one = graph.replay(None, {s: 2 if s == "F" else 1 for s in graph.symbols()})
+    total = 0
+    for g in [one] + [op.attrs["block_graph"] for op in one.ops_of("graph_kernel")]:
+        for op in g.ops:
+            if op.kind in ("input", "output", "graph_kernel", "accum"):
+                continue
+            elems = 1
+            for d in g.tensors[op.outputs[0]].shape:
+                elems *= int(d)
+            inner = int(g.tensors[op.inputs[0]].shape[-1]) if op.kind == "matmul" else 1
+            steps = int(g.forloop_range) if g.tensors[op.outputs[0]].stage == "body" else 1
+            total += (2 * inner if op.kind == "matmul" else 1) * elems * steps
+    return total
