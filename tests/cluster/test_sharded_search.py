@@ -140,6 +140,19 @@ def test_lora_with_three_block_inputs_needs_two_kernels():
     assert result.best["num_kernels"] == 2 and result.best["num_graph_kernels"] == 1
 
 
+def test_lora_finds_the_low_rank_product_after_the_loop():
+    """Every 4-op lora structure computes X·(W + A·B), redoing A·B in each loop iteration
+    (twice the program's FLOPs); its configuration deepens past that level and finds
+    X·W + (X·A)·B with (X·A)·B after the loop, the hand-written kernel, which ranks first."""
+    from search import handwritten, ranking
+
+    result = _search("lora")
+    hand = structural_hash(handwritten(load_program("lora")))
+    assert hand in result.verified and result.best["hash"] == hand
+    program = load_program("lora").build()
+    assert ranking.flops(result.verified[hand]) <= ranking.flops(program)
+
+
 def test_block_inputs_adapt_to_the_program():
     """The default limit is max(3, the program's inputs); a number is taken as given."""
     assert Limits().max_block_inputs is None
