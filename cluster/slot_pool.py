@@ -113,8 +113,7 @@ class SlotPool:
     def submit(self, method: Method, request: TrialRequest | Mapping[str, Any]) -> None:
         """Run ``method`` ("trial" or "baseline") on a free slot; call only when ``idle``."""
         request = TrialRequest.of(request)
-        safe = [s for s in self.free if self.nodes.get(s, (None, None))[1] not in self.suspect]
-        slot = (safe or self.free)[-1]
+        slot = (self._safe_free() or self.free)[-1]
         self.free.remove(slot)
         self.inflight[getattr(slot, method).remote(request)] = (slot, method, request)
 
@@ -154,11 +153,15 @@ class SlotPool:
             return result
         return None
 
+    def _safe_free(self) -> list[Any]:
+        """Free slots on nodes where no slot has died."""
+        return [s for s in self.free if self.nodes.get(s, (None, None))[1] not in self.suspect]
+
     def _retry_slot(self) -> Any | None:
         """A free slot for a request sent again: one on a node where no slot has died, while
         any other slot is still working (the GCS may not yet know that a removed node is gone,
         so its other slots look free but are dead too)."""
-        safe = [s for s in self.free if self.nodes.get(s, (None, None))[1] not in self.suspect]
+        safe = self._safe_free()
         if not safe and self.inflight:
             return None
         slot = (safe or self.free or [None])[-1]

@@ -30,7 +30,7 @@ from kernels.lowering import (
     lower,
     resolve_spec,
 )
-from search import KernelGraph, ShapeError
+from search import KernelGraph, ShapeError, op_flops
 
 MAX_SPLIT = 16  # blocks per row beyond this only add partial sums on any device we know
 GPU_BLOCKS = (64, 128, 256, 512, 1024)
@@ -204,7 +204,7 @@ def _op_traffic(bound: KernelGraph, op) -> tuple[int, int]:
     """(bytes moved, FLOPs) of one kernel-graph op of a bound graph."""
     if op.kind != "graph_kernel":
         return (4 * sum(math.prod(bound.tensors[t].shape) for t in op.inputs + op.outputs),
-                _op_flops(op.kind, [bound.tensors[t].shape for t in op.inputs],
+                op_flops(op.kind, [bound.tensors[t].shape for t in op.inputs],
                           bound.tensors[op.outputs[0]].shape))
     bg = op.attrs["block_graph"]
     blocks = math.prod(int(g) for g in bg.grid)
@@ -219,18 +219,9 @@ def _op_traffic(bound: KernelGraph, op) -> tuple[int, int]:
             moved += 4 * math.prod(bg.tensors[bop.inputs[0]].shape) * blocks
         else:
             times = iters if bg.tensors[bop.outputs[0]].stage == "body" else 1
-            flops += blocks * times * _op_flops(
+            flops += blocks * times * op_flops(
                 bop.kind, [bg.tensors[t].shape for t in bop.inputs], out_shape)
     return moved, flops
-
-
-def _op_flops(kind: str, in_shapes: list[tuple], out_shape: tuple) -> int:
-    elems = math.prod(int(d) for d in out_shape) if out_shape else 1
-    if kind == "matmul":
-        return 2 * elems * int(in_shapes[0][-1])
-    if kind in ("sum", "mean", "rms_norm", "accum"):
-        return max(elems, math.prod(int(d) for d in in_shapes[0]))
-    return elems
 
 
 def legal(structure: KernelGraph, config: Mapping[str, int], device: str | DeviceSpec

@@ -25,6 +25,7 @@ from .ops import (
     ROW_REDUCTIONS,
     UNARY_OPS,
     OpDef,
+    op_flops,
 )
 from .printing import format_graph
 from .serialize import GraphFormatError, from_json, from_obj, structural_hash, to_json, to_obj
@@ -45,7 +46,7 @@ _LAZY = {
 
 __all__ = [
     "ACCUM_KINDS", "BINARY_OPS", "BLOCK", "BlockGraph", "COMPUTE_OPS", "KERNEL", "Context", "DEFAULT_BLOCK_OPS",
-    "DEFAULT_KERNEL_OPS", "DTYPES", "DTYPE_BYTES", "EGG_FUNCTIONS", "ELEMENTWISE_OPS", "EXTRA",
+    "DEFAULT_KERNEL_OPS", "DTYPES", "DTYPE_BYTES", "op_flops", "EGG_FUNCTIONS", "ELEMENTWISE_OPS", "EXTRA",
     "Executor", "GraphFormatError", "HANDWRITTEN", "KernelGraph", "Limits", "OPS", "OpDef",
     "Program", "ProgramError", "ROW_REDUCTIONS", "SUITE", "SearchResult", "ShapeError",
     "Shard", "ShardResult", "Stats", "SymDim", "Tensor", "UNARY_OPS", "bind_dim",

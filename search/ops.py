@@ -289,3 +289,16 @@ def op_def(name: str) -> OpDef:
         return OPS[name]
     except KeyError:
         raise ShapeError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None
+
+
+def op_flops(kind: str, in_shapes: Sequence[Sequence[int]], out_shape: Sequence[int]) -> int:
+    """Arithmetic of one op at concrete shapes: 2·M·N·K for a matmul, the larger of input and
+    output elements for a reduction (every element read is added), one per output element
+    otherwise.  The roofline (``kernels.estimate``) and the search's waste test
+    (``search.ranking.flops``) both count with it."""
+    elems = math.prod(int(d) for d in out_shape) if out_shape else 1
+    if kind == "matmul":
+        return 2 * elems * int(in_shapes[0][-1])
+    if kind in ("sum", "mean", "rms_norm", "accum"):
+        return max(elems, math.prod(int(d) for d in in_shapes[0]))
+    return elems

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .dims import SymDim
 from .graph import KernelGraph
-from .ops import DTYPE_BYTES
+from .ops import DTYPE_BYTES, op_flops
 from .serialize import to_obj
 
 NOMINAL = 16.0
@@ -57,9 +57,8 @@ def rank(structures: list[dict]) -> list[dict]:
 
 
 def flops(graph: KernelGraph) -> int:
-    """Arithmetic of a structure at its real shapes over one block with a two-step for-loop:
-    2·M·N·K per matmul, one per output element otherwise, accumulators free (their adds
-    finish sums a matmul already counts).  A body op whose tile does not shrink with the loop
+    """Arithmetic of a structure at its real shapes over one block with a two-step for-loop
+    (``ops.op_flops`` per op; accumulators free: their adds finish sums already counted).  A body op whose tile does not shrink with the loop
     (work repeated in every iteration) counts twice, so a structure that does such work adds
     to the program's own arithmetic; one block, as grid blocks repeating small work is not
     what this measures."""
@@ -69,10 +68,7 @@ def flops(graph: KernelGraph) -> int:
         for op in g.ops:
             if op.kind in ("input", "output", "graph_kernel", "accum"):
                 continue
-            elems = 1
-            for d in g.tensors[op.outputs[0]].shape:
-                elems *= int(d)
-            inner = int(g.tensors[op.inputs[0]].shape[-1]) if op.kind == "matmul" else 1
             steps = int(g.forloop_range) if g.tensors[op.outputs[0]].stage == "body" else 1
-            total += (2 * inner if op.kind == "matmul" else 1) * elems * steps
+            total += steps * op_flops(op.kind, [g.tensors[t].shape for t in op.inputs],
+                                      g.tensors[op.outputs[0]].shape)
     return total
