@@ -27,7 +27,7 @@ import numpy as np
 
 from kernels.hardware import DeviceSpec
 from kernels.lowering import KernelPlan, concretize, lower
-from kernels.rendering import render
+from kernels.rendering import TritonUnsupported, render
 from search import KernelGraph, ShapeError
 from verifier import equivalent
 
@@ -115,7 +115,12 @@ class Device(ABC):
         """Run ``plan`` against the float reference of ``reference`` (the program's graph at
         the plan's shapes) and time it; ``source`` replaces the rendering (any text with the
         same entry points)."""
-        source = source if source is not None else self.render(plan)
+        if source is None:
+            try:
+                source = self.render(plan)
+            except TritonUnsupported as err:  # a plan the chosen dialect cannot print
+                return Execution("compile_error", f"the triton dialect cannot print this "
+                                 f"plan: {err}", plan, "")
         xs = self.stored(plan, inputs if inputs is not None else random_inputs(reference, seed))
         want = expected(reference, xs, self.compute_dtype(plan))
         return self.execute(plan, source, xs, want, timing=timing, worker=worker,

@@ -29,6 +29,7 @@ from ._mapping import (
 from ._plan import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Mapping, Phase, Store, View
 from ._predefined import predefined_block_graph
 from ._schedule import schedule
+from ._softmax import shift_exponentials
 from ._stitch import Home, chunk_cols, dense_strides, expand, group_loops, lanes_for, plan_shared
 
 WS_ALIGN = 16  # floats: workspace regions start on 64-byte boundaries
@@ -67,7 +68,22 @@ def lower(graph: KernelGraph, config: MappingT[str, int] | None = None,
             what, kn = f"predefined {op.kind} #{i}", {}
         plan.kernels += lower_block(bg, f"{name}_k{i}", what, ins, outs, spec, kn, plan)
     _layout_workspace(plan)
+    if knobs.get("triton"):
+        _choose_triton(plan)
     return plan
+
+
+def _choose_triton(plan: KernelPlan) -> None:
+    """``triton=1``: the plan is printed as Triton tile programs, which have no grid barrier
+    and no blocks sharing one row (task splitting); such a plan is refused, as any illegal
+    config is, so the tuner records it and moves on."""
+    if plan.device_kind == "cpu":
+        raise ValueError("config: triton=1 needs a GPU device; the cpu builds C++")
+    for k in plan.kernels:
+        if k.mapping.split > 1 or k.barrier != "none" or len(k.phases) > 1:
+            raise ValueError(f"config: triton=1 cannot run {k.name}: it splits rows across "
+                             "blocks (split > 1 or phases joined by a barrier); use triton=0")
+    plan.dialect = "triton"
 
 
 def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: DeviceSpec
@@ -277,6 +293,7 @@ def lower_block(bg: BlockGraph, name: str, what: str, ins: list[Buffer], outs: l
                           notes=kernel.notes) for p, ph in enumerate(phases)]
     for k in kernels:
         schedule(k, plan, spec, knobs)
+        shift_exponentials(k)
     return kernels
 
 

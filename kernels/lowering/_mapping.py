@@ -24,8 +24,12 @@ from search import ELEMENTWISE_OPS, ROW_REDUCTIONS, BlockGraph, KernelGraph, Sha
 
 # Config keys that are not structure symbols.  smem_kb: the shared-memory budget of a block in
 # KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.
-KNOBS = ("block", "lanes", "split", "vpack", "smem_kb", "tile_rows", "stream")
-ZERO_OK = ("smem_kb", "tile_rows", "stream")  # knobs for which 0 means "none" / "off"
+# triton: 1 prints the plan in the Triton dialect (GPU only), stages its software-pipelining
+# depth (Triton's num_stages).
+KNOBS = ("block", "lanes", "split", "vpack", "smem_kb", "tile_rows", "stream", "triton",
+         "stages")
+ZERO_OK = ("smem_kb", "tile_rows", "stream", "triton")  # knobs for which 0 means "none" / "off"
+SWITCHES = ("stream", "triton")  # knobs that are 0 or 1
 LONG_ROW = 1024  # AStitch: rows longer than this are worth splitting across blocks
 ELEMS_PER_THREAD = 4  # a thread handles about this many elements of a long row
 CPU_TILE_ELEMS = 8192  # CPU: elements per block tile (32 KiB of floats: L1/L2 resident)
@@ -233,8 +237,8 @@ def split_config(config: MappingT[str, int] | None) -> tuple[dict[str, int], dic
     config = dict(config or {})
     knobs = {k: int(config.pop(k)) for k in KNOBS if k in config}
     for k, v in knobs.items():
-        if k == "stream" and v not in (0, 1):
-            raise ValueError(f"config: stream={v} must be 0 (plain stores) or 1 (streamed rows)")
+        if k in SWITCHES and v not in (0, 1):
+            raise ValueError(f"config: {k}={v} must be 0 (off) or 1 (on)")
         if v < (0 if k in ZERO_OK else 1):
             raise ValueError(f"config: {k}={v} must be a positive integer"
                              f"{' or 0' if k in ZERO_OK else ''}")

@@ -104,6 +104,7 @@ class Store:
     accumulate: bool = False
     guard: str | None = None  # extra condition, e.g. "j == 0"
     comment: str = ""
+    scale: str = ""  # a running row max: the accumulator is rescaled as it moves (_softmax)
 
 
 @dataclass
@@ -217,6 +218,7 @@ class KernelPlan:
     barriers: int = 0  # number of grid-barrier counters (zero-initialised unsigned ints)
     config: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    dialect: str | None = None  # the renderer's dialect when the config chose one (triton)
 
     @property
     def inputs(self) -> list[Buffer]:

@@ -1,4 +1,5 @@
-"""Rendering: one C-style printer, two dialects (CUDA; C++ with OpenMP), syntax only.
+"""Rendering: one C-style printer, two dialects (CUDA; C++ with OpenMP), and the Triton
+dialect, which prints the same plans as tile programs; syntax only.
 
 ``render(plan)`` prints a ``KernelPlan`` in the dialect of its device.  Both dialects are
 ``CStyle`` with a handful of hooks overridden (types, conversions, kernel signature, how blocks
@@ -12,5 +13,7 @@ from ._cpp_prelude import EXP_F
 from ._cstyle import BINARY, UNARY, CStyle
 from ._cuda import CudaDialect
 from ._render import DIALECTS, render
+from ._triton import TritonDialect, TritonUnsupported
 
-__all__ = ["BINARY", "DIALECTS", "EXP_F", "UNARY", "CStyle", "CppDialect", "CudaDialect", "render"]
+__all__ = ["BINARY", "DIALECTS", "EXP_F", "UNARY", "CStyle", "CppDialect", "CudaDialect", "TritonDialect",
+           "TritonUnsupported", "render"]

@@ -1,0 +1,228 @@
+"""Running Triton-dialect kernels: on a GPU (the cuda device, with CuPy arrays) or on the CPU
+under Triton's interpreter (torch CPU tensors), where no GPU is needed.
+
+The Triton printer (``kernels.rendering``) writes a Python module with one ``@triton.jit``
+kernel per plan kernel and ``launch(inputs, outputs, ws)``.  ``TritonKernel`` imports that text
+from a file (``triton.jit`` reads its function's source back, so the text must live in one),
+holds the workspace and calls ``launch``.  ``TritonInterpreter`` is a device whose kernels run
+under ``TRITON_INTERPRET=1``: every suite program's Triton kernel is checked on this machine
+through the same ``Device.check`` as the cpu and cuda devices, against the program's float
+reference with the tolerance of the dtype it stores.  It proves correctness, not speed: it
+does not time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from kernels.hardware import DeviceSpec, cache_root, get_spec
+from kernels.lowering import KernelPlan
+from search import KernelGraph
+
+from ._base import Device, DeviceUnavailable, Execution
+from ._check import Expected
+from ._isolate import IsolatedWorker, compare_outputs, run_isolated
+
+INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
+
+
+def triton_available() -> tuple[bool, str]:
+    """(usable, why not): the Triton package imports here."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as err:
+        return False, (f"Triton is not installed ({err}); pip install the 'cuda' extra "
+                       "(mugraph-tuner[cuda])")
+    return True, ""
+
+
+def load_module(source: str, interpret: bool = False) -> ModuleType:
+    """The Triton source as a module, from a file named by its hash under the cache root.
+    ``interpret``: its kernels run under Triton's interpreter (decided when it is imported)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = f"tuner_triton_{digest}{'_interp' if interpret else ''}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = cache_root() / "triton"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        tmp.replace(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+    sys.modules[name] = module
+    return module
+
+
+class _DevicePointer:
+    """A CuPy array as Triton takes an argument: ``data_ptr()`` and a dtype name."""
+
+    def __init__(self, array: Any, dtype: str) -> None:
+        self.array, self.dtype = array, dtype
+
+    def data_ptr(self) -> int:
+        return int(self.array.data.ptr)
+
+
+class TritonKernel:
+    """A plan's Triton module: call it with arrays in the plan's storage dtypes."""
+
+    def __init__(self, plan: KernelPlan, source: str, *, interpret: bool = False,
+                 cupy: Any = None) -> None:
+        self.plan, self.source, self.cp = plan, source, cupy
+        self.module = load_module(source, interpret)
+        n = max(1, plan.workspace_floats)
+        if cupy is not None:
+            self.ws: Any = _DevicePointer(cupy.zeros(n, dtype=cupy.float32), "float32")
+        else:
+            import torch
+
+            self.ws = torch.zeros(n, dtype=torch.float32)
+
+    def __call__(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        if self.cp is not None:
+            inputs = [_DevicePointer(x, b.dtype) for x, b in zip(inputs, self.plan.inputs,
+                                                               strict=True)]
+            outputs = [_DevicePointer(x, b.dtype) for x, b in zip(outputs, self.plan.outputs,
+                                                                strict=True)]
+        self.module.launch(list(inputs), list(outputs), self.ws)
+
+
+# ---------------------------------------------------------------- the interpreter device
+
+TORCH_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16,
+            "bfloat16": torch.bfloat16}[name]
+
+
+def interpret_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dict) -> dict:
+    """Worker side: import the module under the interpreter, run it once on torch CPU
+    tensors in the plan's storage dtypes, compare with ``expected``."""
+    import torch
+
+    plan: KernelPlan = args["plan"]
+    try:
+        kernel = TritonKernel(plan, args["source"], interpret=True)
+    except Exception as err:  # noqa: BLE001 - any import/compile failure is the kernel's
+        return {"status": "compile_error", "message": f"{type(err).__name__}: {err}"[:4000]}
+    xs = [torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(_torch_dtype(b.dtype))
+          for x, b in zip(inputs, plan.inputs, strict=True)]
+    outs = [torch.full(tuple(b.shape), float("nan"), dtype=_torch_dtype(b.dtype))
+            for b in plan.outputs]
+    try:
+        kernel(xs, outs)
+    except Exception as err:  # noqa: BLE001 - an interpreted kernel raises what it hits
+        return {"status": "runtime_error", "message": f"{type(err).__name__}: {err}"[:4000]}
+    host = [o.to(torch.float32).numpy() for o in outs]
+    reply: dict = {"status": "ok", "message": "", "outputs": host}
+    if expected:
+        errs, bad = compare_outputs(host, expected, args["rtol"], args["atol"])
+        reply["max_abs_err"] = errs
+        if bad:
+            reply.update(status="wrong_result", message=bad)
+    return reply
+
+
+class TritonInterpreter(Device):
+    """Triton-dialect kernels of a GPU's plans, run on this CPU by Triton's interpreter.
+
+    Plans are lowered for ``gpu`` (default the H100), so they are the plans the cuda device
+    would run; inputs are rounded to the dtype the GPU stores and the check uses that dtype's
+    tolerance.  Untimed: ``run_trial`` reports a checked kernel as not timed."""
+
+    kind = "triton-interpret"
+    dialect = "triton"
+
+    def __init__(self, gpu: str = "H100") -> None:
+        ok, reason = triton_available()
+        if not ok:
+            raise DeviceUnavailable(f"the Triton interpreter is unavailable: {reason}")
+        try:
+            import torch  # noqa: F401
+        except ImportError as err:
+            raise DeviceUnavailable(f"the Triton interpreter needs torch: {err}") from None
+        self._spec = get_spec(gpu)
+
+    @property
+    def key(self) -> str:
+        return f"triton-interpret:{self._spec.name}"
+
+    @property
+    def spec(self) -> DeviceSpec:
+        return self._spec
+
+    def lower(self, structure: KernelGraph, config: Mapping[str, int] | None = None,
+              name: str = "prog") -> KernelPlan:
+        return super().lower(structure, {**(config or {}), "triton": 1}, name)
+
+    def stored(self, plan: KernelPlan, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        from ._cuda import from_storage, to_storage
+
+        return [from_storage(to_storage(x, b.dtype), b.dtype)
+                for x, b in zip(inputs, plan.inputs, strict=True)]
+
+    def compute_dtype(self, plan: KernelPlan) -> str:
+        return plan.dtype
+
+    def execute(self, plan: KernelPlan, source: str, inputs: list[np.ndarray],
+                want: Expected | None, *, timing: dict | None, worker: IsolatedWorker | None,
+                timeout_s: float, baseline: KernelGraph | None = None) -> Execution:
+        job = {"call": "kernels.devices._triton:interpret_job",
+               "args": {"plan": plan, "source": source}, "inputs": inputs,
+               "outputs": [tuple(b.shape) for b in plan.outputs], "timing": None,
+               "env": INTERPRET_ENV}
+        if want is not None:
+            job.update(expected=want.outputs, rtol=want.rtol, atol=want.atol)
+        res = run_isolated(job, timeout_s, worker)
+        return Execution(res.status, res.message, plan, source,
+                         list(res.payload.get("max_abs_err", [])),
+                         list(res.payload.get("outputs", [])))
+
+    def time_baseline(self, reference: KernelGraph, **_: Any) -> float | None:
+        return None  # the interpreter's speed says nothing about a GPU's
+
+    def load(self, plan: KernelPlan, source: str) -> Callable[..., list]:
+        import torch
+
+        kernel = TritonKernel(plan, source, interpret=True)
+
+        def call(*inputs: Any) -> list:
+            xs = [torch.as_tensor(np.asarray(x, np.float32)).to(_torch_dtype(b.dtype))
+                  for x, b in zip(inputs, plan.inputs, strict=True)]
+            outs = [torch.empty(tuple(b.shape), dtype=_torch_dtype(b.dtype))
+                    for b in plan.outputs]
+            kernel(xs, outs)
+            return [o.to(torch.float32).numpy() for o in outs]
+
+        return call
+
+
+def triton_source_dir() -> Path:
+    """Where imported Triton modules are written (under the cache root)."""
+    return cache_root() / "triton"

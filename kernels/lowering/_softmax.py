@@ -1,0 +1,105 @@
+"""Max-subtraction: where an ``exp`` is normalised by its own row sum, shift it by the row max.
+
+Softmax is unchanged by subtracting any per-row constant c:
+exp(s - c) / Σ exp(s - c) = exp(s)·e^-c / (Σ exp(s)·e^-c) = exp(s) / Σ exp(s).  The verifier
+proves µGraphs without the shift (a max has no finite-field meaning), so the shift is a
+lowering rule, applied only where the identity holds: every use of e = exp(s) is linear in e
+(its row sum, or the left operand of a matmul), each of those sums is accumulated, and what is
+accumulated is only ever read as the numerator or the denominator of a division whose other
+operand is shifted too.  With c the row max no exp exceeds 1, so float16 / bfloat16 tiles and
+float32 sums cannot overflow on real-scale logits.
+
+Across a for-loop the max is a running one (FlashAttention's online softmax): each iteration
+takes m' = max(m, rowmax(s)), uses exp(s - m') and multiplies every accumulator fed by e by
+exp(m - m') before adding.  The rule only marks the plan: ``Let.attrs["shift"]`` on the exp
+(the name of its running max) and ``Store.scale`` on the accumulating stores; a dialect prints
+them (the Triton dialect does; the C-style dialects print the plain form).
+"""
+
+from __future__ import annotations
+
+from ._plan import Kernel, Let, Loop, Store
+
+
+def _stmts(lp: Loop) -> list:
+    return [*lp.hoisted, *lp.col, *lp.row]
+
+
+def shift_exponentials(k: Kernel) -> None:
+    """Mark each exp of ``k`` that may be shifted by its row max (see the module docstring)."""
+    if len(k.phases) != 1:
+        return
+    loops = k.phases[0].loops
+    view_buf = {v.name: v.buffer for v in k.views}
+    for li, lp in enumerate(loops):
+        for st in lp.col:
+            if isinstance(st, Let) and st.op == "exp":
+                _try_shift(k, loops, li, st, view_buf)
+
+
+def _try_shift(k: Kernel, loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
+    e = exp.var
+    lp = loops[li]
+    if lp.stage != "body":
+        return  # within one iteration the C dialects' float32 exp cannot overflow below 88
+    scaled: list[Store] = []
+    sums = {red.dst for red in lp.reductions if red.src == e}
+    if not sums:
+        return  # not normalised by its own row sum
+    kept: set[str] = set()  # tile buffers e is kept in for a later loop
+    for st in _stmts(lp):
+        if isinstance(st, Store) and st.var == e:
+            if st.accumulate:
+                return
+            kept.add(view_buf[st.access.view])
+        elif isinstance(st, Store) and st.var in sums:
+            if not st.accumulate:
+                return
+            scaled.append(st)
+        elif isinstance(st, Let) and e in st.args and st is not exp:
+            return  # another use of e (not linear through a sum)
+        elif isinstance(st, Let) and st.op == "matmul" and view_buf[st.access[0].view] in kept:
+            return
+    if any(red.src == e for red in lp.reductions) and len(sums) != len(scaled):
+        return  # a row sum of e used within the iteration, unaccumulated
+    # matmuls reading a kept tile of e as their left operand, each accumulated
+    for later in loops[li + 1:]:
+        if later.stage != lp.stage:
+            continue
+        for st in _stmts(later):
+            if isinstance(st, Let) and any(view_buf[a.view] in kept for a in st.access):
+                if st.op != "matmul" or view_buf[st.access[0].view] not in kept or \
+                        view_buf[st.access[1].view] in kept:
+                    return
+                stores = [x for x in _stmts(later) if isinstance(x, Store) and x.var == st.var]
+                if not stores or not all(x.accumulate for x in stores):
+                    return
+                uses = [x for x in _stmts(later) if isinstance(x, Let) and st.var in x.args]
+                if uses:
+                    return
+                scaled += stores
+    if not _only_ratios(k, loops, scaled, view_buf):
+        return
+    name = f"m_{e}"
+    exp.attrs["shift"] = name
+    for st in scaled:
+        st.scale = name
+
+
+def _only_ratios(k: Kernel, loops: list[Loop], scaled: list[Store], view_buf: dict) -> bool:
+    """Every read of a scaled accumulator feeds a division whose operands are both scaled."""
+    bufs = {view_buf[st.access.view] for st in scaled}
+    for lp in loops:
+        loaded = {}
+        for st in _stmts(lp):
+            if isinstance(st, Let) and st.op == "load" and view_buf[st.access[0].view] in bufs:
+                if lp.stage != "post":
+                    return False
+                loaded[st.var] = True
+        for st in _stmts(lp):
+            if isinstance(st, Let) and any(a in loaded for a in st.args):
+                if st.op != "div" or not all(a in loaded for a in st.args):
+                    return False
+            if isinstance(st, Store) and st.var in loaded:
+                return False
+    return True
