@@ -23,6 +23,8 @@ _EXPORTS = {
     "launches": "_cuda", "to_storage": "_cuda", "from_storage": "_cuda",
     "EventClock": "_cuda", "STORAGE": "_cuda", "cupy_arith": "_cuda",
     "ReplayDevice": "_replay",
+    "TritonInterpreter": "_triton", "TritonKernel": "_triton", "compile_plan": "_triton",
+    "sass": "_triton", "triton_available": "_triton",
     "LibraryKernel": "_library", "library_kernel": "_library", "library_source": "_library",
     "LIBRARY": "_library",
     "FaultDrill": "_faults", "FAULT_ENV": "_faults",

@@ -62,6 +62,8 @@ def load_module(source: str, interpret: bool = False) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    if interpret:
+        _interpreter_bf16_dot()
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:
@@ -73,6 +75,33 @@ def load_module(source: str, interpret: bool = False) -> ModuleType:
             os.environ["TRITON_INTERPRET"] = before
     sys.modules[name] = module
     return module
+
+
+def _interpreter_bf16_dot() -> None:
+    """Triton 3.9's interpreter multiplies bfloat16 operands of ``tl.dot`` as their uint16
+    bit patterns (its bfloat16 arrays are uint16; only float8 operands are converted): every
+    bfloat16 product came out ~1e8 too large.  Convert them to float32 first, which is what a
+    tensor core computes (exact products, float32 sums).  Only the interpreter is touched."""
+    from triton import language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "_bf16_fixed", False):
+        return
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if tl.bfloat16 in (a.dtype.scalar, b.dtype.scalar):
+            def f32(x):
+                if x.dtype.scalar != tl.bfloat16:
+                    return x
+                data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)
+                return interpreter.TensorHandle(data.view(np.float32), tl.float32)
+            a, b = f32(a), f32(b)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot._bf16_fixed = True  # type: ignore[attr-defined]
+    builder.create_dot = create_dot
 
 
 class _DevicePointer:
@@ -226,3 +255,49 @@ class TritonInterpreter(Device):
 def triton_source_dir() -> Path:
     """Where imported Triton modules are written (under the cache root)."""
     return cache_root() / "triton"
+
+
+# ---------------------------------------------------------------- compiling without a GPU
+
+TT_POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
+
+
+def compile_plan(plan: KernelPlan, source: str, capability: int) -> dict[str, Any]:
+    """Every kernel of the plan compiled for ``sm_<capability>`` (90: Hopper, 80: Ampere)
+    without a GPU: ``triton.compile`` with the target named.  Pointers are declared 16-byte
+    aligned, as Triton specialises them at a launch on CUDA allocations.  Returns name ->
+    the compiled kernel (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    module = load_module(source)
+    out = {}
+    for k in plan.kernels:
+        names = [*k.params, "ws"]
+        dtypes = [plan.globals[p].dtype for p in k.params] + ["float32"]
+        signature = {n: TT_POINTER[d] for n, d in zip(names, dtypes, strict=True)}
+        attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(names))}
+        fn = getattr(module, k.name)
+        src = triton.compiler.ASTSource(fn=fn, signature=signature, attrs=attrs)
+        options = {"num_warps": max(1, k.mapping.threads // 32)}
+        if plan.config.get("stages"):
+            options["num_stages"] = int(plan.config["stages"])
+        out[k.name] = triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                                     options=options)
+    return out
+
+
+def sass(cubin: bytes) -> str:
+    """The SASS of a cubin, read with the ``cuobjdump`` that ships with Triton."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True,
+                             check=True)
+    return res.stdout

@@ -120,7 +120,10 @@ class TritonDialect:
         stages = {s: [lp for lp in loops if lp.stage == s] for s in ("pre", "body", "post")}
         index = {id(lp): i for i, lp in enumerate(loops)}
         self._accs: dict[str, tuple[int, Store]] = {}  # Global accumulate targets -> (loop, st)
-        self._bounded: set[str] = set()  # shifted exps and the tiles keeping them: in [0, 1]
+        # values that may leave the half range (an exp not shifted by its row max, what is
+        # computed from one, and the buffers keeping them): such a matmul operand stays float32
+        self._unbounded: set[str] = set()
+        self._last_unbounded = False
         for lp in stages["pre"]:
             body += self.loop(lp, index[id(lp)], in_body=False)
         if stages["body"]:
@@ -260,6 +263,10 @@ class TritonDialect:
     # ---------------------------------------------------------------- lets
     def _let(self, st: Let) -> list[str]:
         a = st.args
+        bufs = {self._views[x.view].buffer for x in st.access}
+        if (st.op == "exp" and not (st.attrs.get("shift") and self._in_body)) or \
+                any(x in self._unbounded for x in (*a, *bufs)):
+            self._unbounded.add(st.var)
         if st.op == "load":
             return [f"{st.var} = {self._load(st.access[0])}"]
         if st.op == "matmul":
@@ -284,7 +291,6 @@ class TritonDialect:
         """exp(s - m') with m' the running row max; ``m_alpha`` = exp(m - m') rescales every
         accumulator the exp feeds (lowering's max-subtraction rule, kernels/lowering/_softmax)."""
         m, s, p = st.attrs["shift"], st.args[0], f"L{self._li}_"
-        self._bounded.add(st.var)
         return [f"{m}_new = tl.where({p}rm, tl.maximum({m}, tl.max(tl.where({p}m, {s}, "
                 f"float(\"-inf\")), axis=1, keep_dims=True)), 0.0)",
                 f"{m}_alpha = tl.exp({m} - {m}_new)",
@@ -313,7 +319,7 @@ class TritonDialect:
             if not ok:
                 raise TritonUnsupported(f"{self._k.name}: tile {t.name} {t.buf.shape} as "
                                         f"matmul operand {side} through {acc}")
-            self._last_bounded = t.name in self._bounded
+            self._last_unbounded = self._last_unbounded or t.name in self._unbounded
             return f"tl.where({mask}, {t.name}, 0.0)", False
         if side == "a":
             row = self._rowoff(acc)
@@ -323,14 +329,17 @@ class TritonDialect:
             off = " + ".join(x for x in (_mul(f"{kk}[:, None]", acc.red),
                                           _mul(f"{p}c", acc.col) if acc.col else "") if x)
             mask = f"({kk}[:, None] < {k}) & {p}cm" if acc.col else f"{kk}[:, None] < {k}"
-        return f"tl.load({acc.view} + {off}, mask={mask}, other=0.0)", True
+        buf = self._views[acc.view].buffer
+        native = self._buffer(buf).dtype == self._plan.dtype
+        self._last_unbounded = self._last_unbounded or buf in self._unbounded
+        return f"tl.load({acc.view} + {off}, mask={mask}, other=0.0)", native
 
     def _matmul(self, st: Let) -> list[str]:
         a_acc, b_acc = st.access
         k = int(st.attrs["k"])
         lp, p = self._lp, f"L{self._li}_"
         batched = any(b_acc.rows)
-        small = lp.rows < DOT_MIN or lp.cols < DOT_MIN or k < DOT_MIN
+        small = 1 in (lp.rows, lp.cols, k)  # padded, every other dim is >= DOT_MIN
         if batched:
             three = self._batched_dot(st, a_acc, b_acc, k)
             if three is not None:
@@ -351,14 +360,14 @@ class TritonDialect:
             return [f"{st.var}_a = ({a}).to(tl.float32)",
                     f"{st.var} = tl.sum({st.var}_a[:, :, None] * {b}, axis=1)"
                     f"  # {st.comment} (per-row B: broadcast product)"]
-        self._last_bounded = False
+        self._last_unbounded = False
         a, a_native = self._operand(a_acc, "a", k)
         b, b_native = self._operand(b_acc, "b", k)
         lines = [f"{st.var}_a = {a}", f"{st.var}_b = {b}"]
         if small:
             lines.append(f"{st.var} = tl.sum({st.var}_a.to(tl.float32)[:, :, None] * "
                          f"{st.var}_b.to(tl.float32)[None, :, :], axis=1)"
-                         f"  # a dim below {DOT_MIN}: no tl.dot")
+                         "  # a dim of 1: no tl.dot")
             return lines
         return lines + self._dot(st.var, a_native, b_native)
 
@@ -368,7 +377,7 @@ class TritonDialect:
         p.to(v.dtype)); two float32 tiles multiply in full precision (no TF32)."""
         lines = []
         half = self._plan.dtype in ("float16", "bfloat16")
-        if a_native != b_native and not self._last_bounded:
+        if a_native != b_native and self._last_unbounded:
             # a computed tile that may exceed the half range (an exp not shifted by its row
             # max): both operands in float32 rather than an overflow to inf
             lines.append(f"{var}_{'a' if a_native else 'b'} = "
@@ -391,7 +400,7 @@ class TritonDialect:
         bt, m, n = math.prod(lead[:-1]), lead[-1], lp.cols
         if not all(_pow2(x) for x in (bt, m, k, n)) or min(m, k, n) < DOT_MIN:
             return None
-        self._last_bounded = False
+        self._last_unbounded = False
         a, a_native = self._operand(a_acc, "a", k)
         t = self._tile_of(b_acc)
         if t is not None:
@@ -410,7 +419,8 @@ class TritonDialect:
                     terms.append(f"({coord}) * {stride}")
             terms += [_mul(f"tl.arange(0, {k})[None, :, None]", b_acc.red),
                       _mul(f"tl.arange(0, {n})[None, None, :]", b_acc.col)]
-            b, b_native = f"tl.load({b_acc.view} + {' + '.join(terms)})", True
+            b = f"tl.load({b_acc.view} + {' + '.join(terms)})"
+            b_native = self._buffer(self._views[b_acc.view].buffer).dtype == self._plan.dtype
         lines = [f"{st.var}_a = tl.reshape({a}, [{bt}, {m}, {k}])", f"{st.var}_b = {b}"]
         lines += self._dot(st.var, a_native, b_native)
         return lines + [f"{st.var} = tl.reshape({st.var}, [{bt * m}, {n}])"
@@ -441,8 +451,8 @@ class TritonDialect:
             self._canonical(t, st.access)
             rp, cp = t.padded
             value = f"tl.broadcast_to({st.var}, [{rp}, {cp}])"
-            if st.var in self._bounded and not st.accumulate:
-                self._bounded.add(t.name)
+            if st.var in self._unbounded:
+                self._unbounded.add(t.name)
             if st.accumulate and self._in_body:
                 old = f"{t.name} * {st.scale}_alpha" if st.scale else t.name
                 return [f"{t.name} = {old} + {value}"]
@@ -458,6 +468,8 @@ class TritonDialect:
         a = st.access
         p = f"L{li}_"
         self._li = li
+        if st.var in self._unbounded:
+            self._unbounded.add(self._views[a.view].buffer)
         row = self._rowoff(a)
         terms = [x for x in (row, _mul(f"{p}c", a.col) if a.col else "") if x]
         off = " + ".join(terms) or "0"
