@@ -203,12 +203,12 @@ def tuner_side(args, program, device, inputs) -> Side | None:
     if args.device == "cuda":
         import cupy as cp
 
-        from kernels.devices import STORAGE, CudaKernel, EventClock
+        from kernels.devices import STORAGE, EventClock, build_kernel
 
         xs = [cp.asarray(x, STORAGE.get(b.dtype, np.float32))
               for x, b in zip(inputs, plan.inputs, strict=True)]
         outs = [cp.empty(b.shape, STORAGE.get(b.dtype, np.float32)) for b in plan.outputs]
-        raw = CudaKernel(cp, plan, source)  # launched directly: no host copies in the timing
+        raw = build_kernel(cp, plan, source)  # launched directly: no host copies timed
         return Side(f"tuner ({label}, {plan.config})", lambda: (raw(xs, outs), outs)[1],
                     lambda o: cp.asnumpy(o).astype(np.float32), EventClock(cp))
     call = device.load(plan, source)

@@ -30,10 +30,11 @@ from kernels.lowering import (
     lower,
     resolve_spec,
 )
-from search import KernelGraph, ShapeError, op_flops
+from search import DTYPE_BYTES, KernelGraph, ShapeError, op_flops
 
 MAX_SPLIT = 16  # blocks per row beyond this only add partial sums on any device we know
 GPU_BLOCKS = (64, 128, 256, 512, 1024)
+TRITON_STAGES = (2, 3, 4)  # software-pipelining depths offered to the Triton dialect
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class ConfigSpace:
         split = int(config.get("split", 1))
         if split > 1 and self.row_len % split:
             return f"split={split} must divide the row length {self.row_len}"
+        if split > 1 and int(config.get("triton", 0)):
+            return "triton=1 cannot split rows across blocks (split > 1)"
         block, lanes = config.get("block"), config.get("lanes")
         if block is not None and lanes is not None and int(block) % int(lanes):
             return f"lanes={lanes} must divide block={block}"
@@ -122,8 +125,14 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         default = {**default, "smem_kb": budget}
     if spec.kind == "cpu" and bgs:
         default = {**default, **_schedule_knobs(structure, default, spec, params)}
+    if spec.kind != "cpu" and bgs:
+        # the dialect as a choice: Triton tile programs (tensor cores, pipelined loads) or
+        # CUDA C (AStitch's thread mapping, grid barriers); the tuner measures both
+        params["triton"], params["stages"] = (0, 1), TRITON_STAGES
+        default = {**default, "triton": 0, "stages": 3}
     knobs = {k: default[k] for k in ("split", "block", "lanes", "smem_kb", "tile_rows",
-                                     "stream") if k in params and k in default}
+                                     "stream", "triton", "stages")
+             if k in params and k in default}
     chosen = {k: v for k, v in default.items() if k in structure.symbols()} | knobs
     return ConfigSpace(params, chosen, constraints, row_len)
 
@@ -182,10 +191,14 @@ def estimate(structure: KernelGraph, config: Mapping[str, int] | None,
     share = _fill(plan, spec)
     moved = flops = 0
     seconds = len(plan.kernels) * spec.launch_overhead_s
+    # a GPU stores the program's dtype (the C++ dialect float32); the Triton dialect's tl.dot
+    # on float16 / bfloat16 tiles runs on the tensor cores
+    width = DTYPE_BYTES.get(plan.dtype, 4) if spec.kind != "cpu" else 4
+    tensor = plan.dialect == "triton" and plan.dtype in ("float16", "bfloat16")
     for i, op in enumerate(op for op in bound.ops if op.kind not in ("input", "output")):
-        b, f = _op_traffic(bound, op)
+        b, f = _op_traffic(bound, op, width)
         moved, flops = moved + b, flops + f
-        seconds += roofline(b, f, 0, spec) / share.get(i, 1.0)
+        seconds += roofline(b, f, 0, spec, tensor_cores=tensor) / share.get(i, 1.0)
     return Estimate(moved, flops, len(plan.kernels), seconds)
 
 
@@ -200,10 +213,11 @@ def _fill(plan: KernelPlan, spec: DeviceSpec) -> dict[int, float]:
     return out
 
 
-def _op_traffic(bound: KernelGraph, op) -> tuple[int, int]:
-    """(bytes moved, FLOPs) of one kernel-graph op of a bound graph."""
+def _op_traffic(bound: KernelGraph, op, width: int = 4) -> tuple[int, int]:
+    """(bytes moved, FLOPs) of one kernel-graph op of a bound graph, ``width`` bytes an
+    element."""
     if op.kind != "graph_kernel":
-        return (4 * sum(math.prod(bound.tensors[t].shape) for t in op.inputs + op.outputs),
+        return (width * sum(math.prod(bound.tensors[t].shape) for t in op.inputs + op.outputs),
                 op_flops(op.kind, [bound.tensors[t].shape for t in op.inputs],
                           bound.tensors[op.outputs[0]].shape))
     bg = op.attrs["block_graph"]
@@ -214,9 +228,9 @@ def _op_traffic(bound: KernelGraph, op) -> tuple[int, int]:
         out_shape = bg.tensors[bop.outputs[0]].shape if bop.outputs else ()
         if bop.kind == "input":
             reads = iters if bop.attrs["fmap"] >= 0 else 1
-            moved += 4 * math.prod(out_shape) * blocks * reads
+            moved += width * math.prod(out_shape) * blocks * reads
         elif bop.kind == "output":
-            moved += 4 * math.prod(bg.tensors[bop.inputs[0]].shape) * blocks
+            moved += width * math.prod(bg.tensors[bop.inputs[0]].shape) * blocks
         else:
             times = iters if bg.tensors[bop.outputs[0]].stage == "body" else 1
             flops += blocks * times * op_flops(
@@ -248,11 +262,18 @@ def rank_structures(structures: Sequence[KernelGraph], device: str | DeviceSpec)
     """
     spec = resolve_spec(device)
 
+    dialects = ({}, {"triton": 1}) if spec.kind != "cpu" else ({},)
+
     def key(i: int) -> tuple[float, float, int]:
-        try:
-            est = estimate(structures[i], None, spec)
-        except (ShapeError, ValueError, NotImplementedError):
+        ests = []
+        for knobs in dialects:  # on a GPU the faster of its two dialects
+            try:
+                ests.append(estimate(structures[i], knobs or None, spec))
+            except (ShapeError, ValueError, NotImplementedError):
+                continue
+        if not ests:
             return math.inf, math.inf, i
+        est = min(ests, key=lambda e: e.seconds)
         return float(f"{est.seconds:.4g}"), est.flops, i  # equal to 4 digits: a tie
 
     return sorted(range(len(structures)), key=key)

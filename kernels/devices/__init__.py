@@ -21,7 +21,7 @@ _EXPORTS = {
     "CpuDevice": "_cpu", "CpuKernel": "_cpu", "default_env": "_cpu", "thread_env": "_cpu",
     "CudaDevice": "_cuda", "CudaKernel": "_cuda", "KernelLaunch": "_cuda",
     "launches": "_cuda", "to_storage": "_cuda", "from_storage": "_cuda",
-    "EventClock": "_cuda", "STORAGE": "_cuda", "cupy_arith": "_cuda",
+    "EventClock": "_cuda", "STORAGE": "_cuda", "cupy_arith": "_cuda", "build_kernel": "_cuda",
     "ReplayDevice": "_replay",
     "TritonInterpreter": "_triton", "TritonKernel": "_triton", "compile_plan": "_triton",
     "sass": "_triton", "triton_available": "_triton",
