@@ -2,7 +2,8 @@
 
 - ``lowering/``: a structure + config → a ``KernelPlan`` for a device (AStitch memory levels,
   thread mapping, every decision that changes the code);
-- ``rendering/``: a plan → CUDA or C++/OpenMP source (one printer, two dialects, syntax only);
+- ``rendering/``: a plan → CUDA or C++/OpenMP source (one printer, two dialects, syntax only),
+  or Triton tile programs (the Triton dialect);
 - ``devices/``: a plan + source → a built, checked and timed kernel (``cpu``, ``cuda``,
   ``replay`` behind one ``Device`` interface).
 
@@ -29,7 +30,7 @@ _EXPORTS = {
     "CompileError": "devices", "nvcc_check": "devices", "nvcc_available": "devices",
     "random_inputs": "devices", "tolerance": "devices", "thread_env": "devices",
     "LibraryKernel": "devices", "library_kernel": "devices", "library_source": "devices",
-    "LIBRARY": "devices",
+    "LIBRARY": "devices", "TritonInterpreter": "devices",
     # the device table
     "DeviceSpec": "hardware", "GPU_SPECS": "hardware", "get_spec": "hardware",
     "local_cpu_spec": "hardware", "cpu_simd": "hardware", "cuda_device_spec": "hardware", "device_key": "hardware",

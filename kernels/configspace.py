@@ -35,6 +35,7 @@ from search import DTYPE_BYTES, KernelGraph, ShapeError, op_flops
 MAX_SPLIT = 16  # blocks per row beyond this only add partial sums on any device we know
 GPU_BLOCKS = (64, 128, 256, 512, 1024)
 TRITON_STAGES = (2, 3, 4)  # software-pipelining depths offered to the Triton dialect
+TRITON_TILES = (16, 32, 64, 128, 256)  # tile extents a GPU space always offers
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,12 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         for size, syms in constraints:
             if sym in syms:
                 g = math.gcd(g, size)
-        choices = set(divisors(g or 1, keep=12))
+        # on a GPU also every binding that leaves a power-of-two tile of 16-256 along the dim
+        # (the tensor-core tiles of the Triton dialect: rmsnorm_matmul's 6144 columns in 96,
+        # 192 or 384 tiles, which fill 132 SMs where 48 or 128 do not)
+        tiles = tuple(g // t for t in TRITON_TILES if g and g % t == 0) \
+            if spec.kind != "cpu" else ()
+        choices = set(divisors(g or 1, keep=12, include=tiles))
         if sym in default:
             choices.add(default[sym])
         params[sym] = tuple(sorted(choices))

@@ -29,6 +29,17 @@ def check_plan(plan: KernelPlan, reference: KernelGraph, **check: Any) -> Execut
     return CPU.check(plan, reference, **check)
 
 
+# A Triton-dialect config per suite program at the paper's shapes, of the kind the tuner tries
+# there: output tiles of 16-64 rows or columns, a for-loop step of 32-64 (ntrans: one row per
+# block, not split across blocks, which the Triton dialect cannot print).
+TRITON_PAPER_CONFIGS = {
+    "rmsnorm_matmul": {"g0": 96, "F": 32}, "gated_mlp": {"g0": 64, "F": 64},
+    "lora": {"g0": 64, "F": 4}, "gqa": {"g0": 2, "g1": 4, "F": 64},
+    "qknorm_gqa": {"g0": 2, "g1": 16, "F": 128}, "mha": {"g0": 32, "g1": 1, "F": 64},
+    "mqa": {"g0": 16, "F": 64}, "ntrans": {"g0": 8, "split": 1},
+}
+
+
 def small_config(g: KernelGraph) -> dict[str, int]:
     """Every symbol at 2 where the shapes allow: several blocks and for-loop iterations."""
     cfg: dict[str, int] = {}

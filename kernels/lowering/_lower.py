@@ -25,6 +25,7 @@ from ._mapping import (
     default_config,
     is_row_form,
     split_config,
+    triton_default_config,
 )
 from ._plan import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Mapping, Phase, Store, View
 from ._predefined import predefined_block_graph
@@ -94,7 +95,8 @@ def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: Devi
     if not structure_symbols:
         return graph, symbols, knobs
     if not symbols:
-        symbols, defaults = split_config(default_config(graph, spec))
+        rule = triton_default_config if knobs.get("triton") else default_config
+        symbols, defaults = split_config(rule(graph, spec))
         knobs = {**defaults, **knobs}
     missing = sorted(structure_symbols - set(symbols))
     extra = sorted(set(symbols) - structure_symbols)

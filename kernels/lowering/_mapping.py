@@ -219,6 +219,49 @@ def default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
     return config
 
 
+def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
+    """The default for the Triton dialect: whole rows per program (no task splitting), and
+    for matmul kernels output tiles whose dims are powers of two of 16 or more (tl.dot's
+    tiles), the grid that keeps the most of the SMs' waves busy (a decode-sized weight stream
+    needs enough tiles: rmsnorm_matmul's 6144 columns in 384 tiles of 16, not 96 of 64), and
+    a for-loop step of ~64."""
+    bgs = graph.block_graphs()
+    if not graph.symbols() or (bgs and all(is_row_form(bg) for bg in bgs)):
+        config = default_config(graph, spec) if graph.symbols() else {}
+        return {**config, "split": 1, "triton": 1, "stages": 3}
+    candidates = _candidates(graph, None)
+    if not candidates:
+        raise ShapeError(f"triton_default_config: no binding of {sorted(graph.symbols())} "
+                         "divides the input shapes")
+    cons = divisibility_constraints(graph)
+    grid_syms = {g for bg in bgs for g in bg.grid if isinstance(g, str)}
+
+    def tiles(b: MappingT[str, int]) -> list[int]:
+        out = []
+        for bg in bgs:
+            bound = bg.bind({k: v for k, v in b.items() if k in bg.symbols()})
+            for op in bound.ops_of("output"):
+                out += [int(d) for d in bound.tensors[op.inputs[0]].shape[-2:]]
+        return out
+
+    def tiles_ok(b: MappingT[str, int]) -> bool:
+        """Every output tile dim a power of two >= 16, or the whole dim (a decode's rows)."""
+        whole = tiles({s: (v if s not in grid_syms else 1) for s, v in b.items()})
+        return all(d == w or (d >= 16 and not d & (d - 1))
+                   for d, w in zip(tiles(b), whole, strict=True))
+
+    def score(b: MappingT[str, int]) -> tuple:
+        blocks = max(_grid_blocks(bg, b) for bg in bgs)
+        fill = blocks / (-(-blocks // spec.sm_count) * spec.sm_count)
+        steps = [size // math.prod(b[s] for s in syms) for size, syms in cons
+                 if any(s == bg.forloop_range for bg in bgs for s in syms)]
+        step = min(steps) if steps else 64
+        return (not tiles_ok(b), -round(fill, 2), abs(math.log2(max(1, step) / 64)),
+                -_inner_rows(bgs, b))
+
+    return {**min(candidates, key=score), "block": 128, "triton": 1, "stages": 3}
+
+
 def _inner_rows(bgs: list[BlockGraph], binding: MappingT[str, int]) -> int:
     """Rows of the innermost row dim of the output tiles (the fewest over the kernels): on a
     tie, split outer (batch) dims over the grid first, so a block's rows share one matmul

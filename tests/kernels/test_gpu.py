@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from support import small_config
+from support import TRITON_PAPER_CONFIGS, small_config
 
 from kernels import cuda_available
 
@@ -52,15 +52,39 @@ def test_the_gpu_is_named_and_its_limits_come_from_the_driver(gpu):
     assert spec.mem_bandwidth_gbs > 0
 
 
+DIALECTS = {"cuda": {}, "triton": {"triton": 1, "split": 1}}
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
 @pytest.mark.parametrize("name", PROGRAMS)
-def test_handwritten_small_shapes_match_the_reference(name, worker, gpu):
+def test_handwritten_small_shapes_match_the_reference(name, dialect, worker, gpu):
     from search import handwritten, load_program, small_instance
 
     program = small_instance(load_program(name))
     structure = handwritten(program)
-    res = gpu.build(structure, small_config(structure), name=f"s_{name}", worker=worker)
-    assert res.status == "ok", (name, res.message)
+    config = {**small_config(structure), **DIALECTS[dialect]}
+    res = gpu.build(structure, config, name=f"s_{name}", worker=worker)
+    assert res.status == "ok", (name, dialect, res.message)
     assert all(np.isfinite(e) for e in res.max_abs_err)
+    assert ("@triton.jit" in res.source) == (dialect == "triton")
+
+
+@pytest.mark.parametrize("name", sorted(TRITON_PAPER_CONFIGS))
+def test_triton_paper_shapes_match_and_are_timed_against_cupy(name, worker, gpu):
+    """The Triton dialect at the paper's shapes: checked against the program, timed with CUDA
+    events beside the reference op by op with CuPy (cuBLAS), in one worker."""
+    from search import handwritten, load_program
+
+    program = load_program(name)
+    structure = handwritten(program)
+    config = {**TRITON_PAPER_CONFIGS[name], "triton": 1, "stages": 3}
+    plan = gpu.lower(structure, config, name)
+    res = gpu.check(plan, program.build(), timing={"budget_s": 0.3}, worker=worker,
+                    baseline=program.build())
+    assert res.status == "ok", (name, res.message)
+    fused, base = res.timing["median_s"], res.baseline["median_s"]
+    print(f"\n{name} (triton, {config}): fused {fused * 1e3:.4f} ms, cupy op by op "
+          f"{base * 1e3:.4f} ms, {base / fused:.2f}x, max err {max(res.max_abs_err):.3g}")
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -117,14 +141,18 @@ def test_multi_warp_rows_sum_by_shuffles_and_shared_memory(worker, gpu):
     assert res.status == "ok", res.message
 
 
-def test_a_tuning_trial_on_cuda_is_checked_and_timed(worker, gpu):
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_a_tuning_trial_on_cuda_is_checked_and_timed(dialect, worker, gpu):
     from search import handwritten, load_program
 
     program = load_program("rmsnorm_matmul", {"X": (16, 1024), "W": (1024, 1024)})
     structure = handwritten(program)
-    out = gpu.run_trial(structure, program.build(), small_config(structure), worker=worker)
+    config = {**small_config(structure), **DIALECTS[dialect]}
+    config.pop("split", None)
+    out = gpu.run_trial(structure, program.build(), config, worker=worker)
     assert out["status"] == "ok", out["message"]
-    assert out["median_s"] > 0 and out["source"] and "__global__" in out["source"]
+    marker = "@triton.jit" if dialect == "triton" else "__global__"
+    assert out["median_s"] > 0 and out["source"] and marker in out["source"]
 
 
 def test_a_faulting_kernel_is_a_runtime_error_and_the_worker_lives_on(worker, gpu):

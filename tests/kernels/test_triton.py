@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 import pytest
-from support import small_config
+from support import TRITON_PAPER_CONFIGS, small_config
 
 from kernels import IsolatedWorker, get_device, lower, render
 from search import SUITE, handwritten, load_program, parse_program, small_instance
@@ -32,14 +32,7 @@ pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU te
 
 from kernels.devices import TritonInterpreter, compile_plan, sass  # noqa: E402
 
-# A config per program at the paper's shapes, of the kind the tuner tries for the Triton
-# dialect: output tiles of 16-64 rows or columns, a for-loop step of 32-64.
-PAPER_CONFIGS = {
-    "rmsnorm_matmul": {"g0": 96, "F": 32}, "gated_mlp": {"g0": 64, "F": 64},
-    "lora": {"g0": 64, "F": 4}, "gqa": {"g0": 2, "g1": 4, "F": 64},
-    "qknorm_gqa": {"g0": 2, "g1": 16, "F": 128}, "mha": {"g0": 32, "g1": 1, "F": 64},
-    "mqa": {"g0": 16, "F": 64}, "ntrans": {"g0": 8, "split": 1},
-}
+PAPER_CONFIGS = TRITON_PAPER_CONFIGS
 WEIGHT_BOUND = ("rmsnorm_matmul", "gated_mlp", "lora")
 MATMUL_FREE = ("ntrans",)
 
@@ -165,3 +158,43 @@ def test_paper_shape_sass_uses_tensor_cores_wide_loads_and_no_spills(name):
             if name in WEIGHT_BOUND:
                 assert re.search(r"\bLDGSTS\S*\.128\b|\bLDG\S*\.128\b", text), \
                     f"{where}: the weights are not read with 128-bit loads"
+
+
+def test_the_gpu_config_space_offers_both_dialects_and_tensor_core_tiles():
+    from kernels import config_space
+
+    structure = handwritten(load_program("rmsnorm_matmul"))
+    space = config_space(structure, "H100")
+    assert space.params["triton"] == (0, 1) and set(space.params["stages"]) == {2, 3, 4}
+    assert space.default["triton"] == 0  # the AStitch default stays the first trial
+    # 6144 columns in tiles of 16-256: 384, 192, 96, 48, 24 tiles are all offered
+    assert {384, 192, 96, 48, 24} <= set(space.params["g0"])
+    assert "triton" not in config_space(structure, "cpu").params
+    assert space.check({**space.default, "triton": 1, "split": 2}) is not None or \
+        "split" not in space.params
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_matmul", "gated_mlp", "gqa", "mha", "mqa"])
+def test_the_triton_default_gives_tl_dot_tiles_that_fill_the_gpu(name):
+    structure = handwritten(load_program(name))
+    plan = lower(structure, {"triton": 1}, "H100", name)
+    assert plan.dialect == "triton" and plan.config["stages"] == 3
+    for k in plan.kernels:
+        for lp in k.phases[0].loops:
+            for d in (lp.rows, lp.cols):
+                whole = d in {int(x) for s in load_program(name).inputs.values() for x in s}
+                assert whole or d == 1 or (d >= 16 and d & (d - 1) == 0), (name, lp.shape)
+    if name == "rmsnorm_matmul":  # a decode-sized weight stream: 384 tiles, ~3 waves of 132
+        assert plan.config["g0"] == 384
+
+
+def test_the_estimate_knows_the_tensor_cores():
+    from kernels import estimate
+
+    # gated_mlp at a prefill's 1024 rows: 69 GFLOP against 0.1 GB, compute-bound
+    structure = handwritten(load_program("gated_mlp", {"X": (1024, 4096)}))
+    config = {"g0": 64, "F": 64}
+    cuda_c = estimate(structure, {**config, "triton": 0}, "H100")
+    triton_ = estimate(structure, {**config, "triton": 1}, "H100")
+    assert cuda_c.flops == triton_.flops and cuda_c.bytes_moved == triton_.bytes_moved
+    assert triton_.seconds < 0.5 * cuda_c.seconds

@@ -43,21 +43,27 @@ def kernel_ops(g: KernelGraph) -> list:
 
 
 @pytest.fixture(scope="module")
-def winners():
-    """Searches on demand, each case at most once per module."""
-    cache: dict[str, KernelGraph] = {}
+def searches():
+    """Searches on demand, each case at most once per module: its ranked structures."""
+    cache: dict[str, list[KernelGraph]] = {}
     executor = LocalExecutor()
 
-    def get(case: str) -> KernelGraph:
+    def get(case: str) -> list[KernelGraph]:
         if case not in cache:
             name, limits, _ = CASES[case]
             res = search_program(small_instance(load_program(name)), limits, executor=executor)
             assert res.best is not None, f"the search found no structure for {case}"
-            cache[case] = from_obj(res.best["graph"])
+            cache[case] = [from_obj(s["graph"]) for s in res.structures]
         return cache[case]
 
     yield get
     executor.close()
+
+
+@pytest.fixture(scope="module")
+def winners(searches):
+    """The search's own first structure per case."""
+    return lambda case: searches(case)[0]
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +106,21 @@ def test_winners_cuda_compiles_without_spills_within_shared_memory(device, winne
             res = report.kernel(k.name)
             assert not res.spills, (k.name, res)
             assert res.smem_bytes == -(-k.smem_bytes // 4) * 4 <= spec.smem_per_block_default
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_the_h100s_best_structure_runs_as_triton_under_the_interpreter(case, searches, worker):
+    """What the cuda device would pick first on an H100 (``rank_structures`` over both
+    dialects), printed in the Triton dialect and run by Triton's interpreter on this CPU."""
+    pytest.importorskip("triton", reason="Triton is not installed (the cuda extra)")
+    pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
+    from kernels import TritonInterpreter, rank_structures
+
+    structures = searches(case)
+    best = structures[rank_structures(structures, "H100")[0]]
+    program = small_instance(load_program(CASES[case][0]))
+    interp = TritonInterpreter("H100")
+    for config in (small_config(best), {s: 1 for s in best.symbols()}):
+        res = interp.build(best, {**config, "split": 1}, reference=program.build(),
+                           name=f"wt_{case}", worker=worker)
+        assert res.status == "ok", (case, config, res.message)
