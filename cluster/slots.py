@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kernels import Device, DeviceSpec, IsolatedWorker, ReplayDevice, get_device
-from search import from_obj
+from search.ir import from_obj
 
 Method = Literal["trial", "baseline"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from kernels import DeviceSpec, get_spec
-from search import from_obj
+from search.ir import from_obj
 
 from ._features import Sample, featurize, featurize_params
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
-from search import OPS, KernelGraph
+from search.ir import OPS, KernelGraph
 
 FEATURE_VERSION = 2  # 2: µGraph node rows padded to NODE_DIM (they were 2 short)
 OPCODES = ["<pad>", "kt_config", *sorted(k for k in OPS if k not in ("input", "output")),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import db
 from kernels import DeviceSpec
-from search import from_obj
+from search.ir import from_obj
 
 from ._data import read_kernel_tuner, spec_for_key
 from ._evaluate import cross_validate

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from search import DTYPE_BYTES, KernelGraph, Program, handwritten
+from search.ir import DTYPE_BYTES, KernelGraph, Program, handwritten
 
 from .devices import Device, IsolatedWorker, get_device, random_inputs
 

@@ -28,7 +28,7 @@ import numpy as np
 from kernels.hardware import DeviceSpec
 from kernels.lowering import KernelPlan, concretize, lower
 from kernels.rendering import render
-from search import KernelGraph, ShapeError
+from search.ir import KernelGraph, ShapeError
 from verifier import equivalent
 
 from ._check import Expected, expected, random_inputs

@@ -21,7 +21,7 @@ import numpy as np
 
 from kernels.hardware import DeviceSpec, device_key, local_cpu_spec
 from kernels.lowering import KernelPlan
-from search import KernelGraph, from_obj, to_obj
+from search.ir import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, Execution

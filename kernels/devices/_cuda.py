@@ -24,7 +24,7 @@ import numpy as np
 
 from kernels.hardware import DeviceSpec, cuda_available, cuda_device_spec, device_key
 from kernels.lowering import KernelPlan
-from search import KernelGraph, from_obj, to_obj
+from search.ir import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from kernels.hardware import DeviceSpec
-from search import BlockGraph, ShapeError
+from search.ir import BlockGraph, ShapeError
 
 from ._mapping import astitch_rule, largest_divisor_at_most
 
