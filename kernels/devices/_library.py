@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels.hardware import device_kind
 from search.ir import KernelGraph, format_graph
 from verifier import FloatArith, run
 
@@ -99,8 +100,9 @@ class LibraryKernel:
 
 def library_kernel(graph: KernelGraph, kind: str = "cpu", name: str = "library"
                    ) -> LibraryKernel:
-    """The library path of ``graph`` on a ``cpu`` (numpy) or ``cuda`` (CuPy) device."""
-    if kind.startswith("cuda"):
+    """The library path of ``graph`` on a ``cpu`` (numpy) or ``cuda`` (CuPy) device (``kind``:
+    a device name or key)."""
+    if device_kind(kind) == "cuda":
         import cupy as cp
 
         from ._cuda import cupy_arith
