@@ -193,6 +193,17 @@ def tuner_side(args, program, device, inputs) -> Side | None:
                 names.append(f"search {entry['hash'][:10]}")
         best = rank_structures(graphs, device.spec)[0]
         structure, label = graphs[best], names[best]
+        if args.device == "cuda":  # the dialect whose estimate is faster (untuned default)
+            from kernels import estimate
+
+            dialects = [{}, {"triton": 1}]
+            times = []
+            for knobs in dialects:
+                try:
+                    times.append(estimate(structure, knobs or None, device.spec).seconds)
+                except ValueError:
+                    times.append(float("inf"))
+            config = dialects[times.index(min(times))] or None
     plan = device.lower(structure, config, program.name)
     source = source or device.render(plan)
     res = device.check(plan, ref, source=source, inputs=inputs)

@@ -26,11 +26,13 @@ import numpy as np
 
 from kernels.hardware import DeviceSpec, cache_root, get_spec
 from kernels.lowering import KernelPlan
-from search import KernelGraph
+from search.ir import KernelGraph
 
 from ._base import Device, DeviceUnavailable, Execution
 from ._check import Expected
 from ._isolate import IsolatedWorker, compare_outputs, run_isolated
+from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, WRONG_RESULT
+from ._storage import from_storage, to_storage
 
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 
@@ -159,7 +161,7 @@ def interpret_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: di
     try:
         kernel = TritonKernel(plan, args["source"], interpret=True)
     except Exception as err:  # noqa: BLE001 - any import/compile failure is the kernel's
-        return {"status": "compile_error", "message": f"{type(err).__name__}: {err}"[:4000]}
+        return {"status": COMPILE_ERROR, "message": f"{type(err).__name__}: {err}"[:4000]}
     xs = [torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(_torch_dtype(b.dtype))
           for x, b in zip(inputs, plan.inputs, strict=True)]
     outs = [torch.full(tuple(b.shape), float("nan"), dtype=_torch_dtype(b.dtype))
@@ -167,14 +169,14 @@ def interpret_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: di
     try:
         kernel(xs, outs)
     except Exception as err:  # noqa: BLE001 - an interpreted kernel raises what it hits
-        return {"status": "runtime_error", "message": f"{type(err).__name__}: {err}"[:4000]}
+        return {"status": RUNTIME_ERROR, "message": f"{type(err).__name__}: {err}"[:4000]}
     host = [o.to(torch.float32).numpy() for o in outs]
-    reply: dict = {"status": "ok", "message": "", "outputs": host}
+    reply: dict = {"status": OK, "message": "", "outputs": host}
     if expected:
         errs, bad = compare_outputs(host, expected, args["rtol"], args["atol"])
         reply["max_abs_err"] = errs
         if bad:
-            reply.update(status="wrong_result", message=bad)
+            reply.update(status=WRONG_RESULT, message=bad)
     return reply
 
 
@@ -211,8 +213,6 @@ class TritonInterpreter(Device):
         return super().lower(structure, {**(config or {}), "triton": 1}, name)
 
     def stored(self, plan: KernelPlan, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        from ._cuda import from_storage, to_storage
-
         return [from_storage(to_storage(x, b.dtype), b.dtype)
                 for x, b in zip(inputs, plan.inputs, strict=True)]
 
