@@ -41,7 +41,8 @@ def _try_shift(k: Kernel, loops: list[Loop], li: int, exp: Let, view_buf: dict) 
     e = exp.var
     lp = loops[li]
     if lp.stage != "body":
-        return  # within one iteration the C dialects' float32 exp cannot overflow below 88
+        _try_local(loops, li, exp, view_buf)
+        return
     scaled: list[Store] = []
     sums = {red.dst for red in lp.reductions if red.src == e}
     if not sums:
@@ -84,6 +85,55 @@ def _try_shift(k: Kernel, loops: list[Loop], li: int, exp: Let, view_buf: dict) 
     exp.attrs["shift"] = name
     for st in scaled:
         st.scale = name
+
+
+def _try_local(loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
+    """Within one pass (no for-loop carrying the sums): e = exp(s) whose only uses are its
+    row sum d and the quotient e / d (directly or through tiles kept for a later loop) may be
+    shifted by the row max of this pass; each such quotient is marked as lying in [0, 1]
+    (``attrs["unit"]``): a tensor-core operand in half precision cannot overflow."""
+    lp = loops[li]
+    sums = [red.dst for red in lp.reductions if red.src == exp.var]
+    if len(sums) != 1:
+        return
+    e_names, d_names = {exp.var}, {sums[0]}
+    e_bufs: set[str] = set()
+    d_bufs: set[str] = set()
+    quotients: list[Let] = []
+    for later in loops[li:]:
+        if later.stage != lp.stage:
+            continue
+        for st in _stmts(later):
+            if isinstance(st, Store):
+                if st.var in e_names:
+                    if st.accumulate:
+                        return
+                    e_bufs.add(view_buf[st.access.view])
+                elif st.var in d_names:
+                    if st.accumulate:
+                        return
+                    d_bufs.add(view_buf[st.access.view])
+                continue
+            if st is exp:
+                continue
+            if st.op == "load" and view_buf[st.access[0].view] in e_bufs:
+                e_names.add(st.var)
+            elif st.op == "load" and view_buf[st.access[0].view] in d_bufs:
+                d_names.add(st.var)
+            elif st.op == "div" and st.args[0] in e_names and st.args[1] in d_names:
+                quotients.append(st)
+            elif any(a in e_names | d_names for a in st.args) or any(
+                    view_buf[a.view] in e_bufs | d_bufs for a in st.access):
+                return  # another use: the shift might show
+        for red in later.reductions:
+            if red.src in e_names and red.dst not in d_names or red.src in d_names:
+                return
+    if not quotients:
+        return
+    exp.attrs["shift"] = f"m_{exp.var}"
+    exp.attrs["local"] = True
+    for st in quotients:
+        st.attrs["unit"] = True
 
 
 def _only_ratios(k: Kernel, loops: list[Loop], scaled: list[Store], view_buf: dict) -> bool:

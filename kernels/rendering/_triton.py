@@ -264,7 +264,10 @@ class TritonDialect:
     def _let(self, st: Let) -> list[str]:
         a = st.args
         bufs = {self._views[x.view].buffer for x in st.access}
-        if (st.op == "exp" and not (st.attrs.get("shift") and self._in_body)) or \
+        shifted = st.attrs.get("shift") and (self._in_body or st.attrs.get("local"))
+        if st.attrs.get("unit"):
+            pass  # a normalised exponential: in [0, 1] (kernels/lowering/_softmax)
+        elif (st.op == "exp" and not shifted) or \
                 any(x in self._unbounded for x in (*a, *bufs)):
             self._unbounded.add(st.var)
         if st.op == "load":
@@ -279,6 +282,12 @@ class TritonDialect:
             expr = f"({a[0]} {BINARY[st.op]} {a[1]})"
         elif st.op == "mul_scalar":
             expr = f"({a[0]} * {float(st.attrs['scalar'])!r})"
+        elif st.op == "exp" and st.attrs.get("shift") and st.attrs.get("local"):
+            p = f"L{self._li}_"
+            m = f"{st.attrs['shift']}"
+            return [f"{m} = tl.where({p}rm, tl.max(tl.where({p}m, {a[0]}, float(\"-inf\")), "
+                    "axis=1, keep_dims=True), 0.0)",
+                    f"{st.var} = tl.exp({a[0]} - {m})  # shifted by its row max"]
         elif st.op == "exp" and st.attrs.get("shift") and self._in_body:
             return self._shifted_exp(st)
         elif st.op in UNARY:
