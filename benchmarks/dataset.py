@@ -39,8 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 import db  # noqa: E402
 from search import random_program_doc  # noqa: E402
+from tuner.identity import job_key  # noqa: E402
 from tuner.jobfile import parse_job  # noqa: E402
-from tuner.launch import JobRun, job_key  # noqa: E402
+from tuner.launch import JobRun  # noqa: E402
 from verifier import well_conditioned  # noqa: E402
 
 

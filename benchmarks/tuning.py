@@ -49,7 +49,7 @@ from search import (  # noqa: E402
     load_program,
     to_obj,  # noqa: E402
 )
-from tuner.cached import program_key  # noqa: E402
+from tuner.identity import program_key  # noqa: E402
 from tuner.jobfile import TuningSpec  # noqa: E402
 from tuner.tune import StudyRunner, StudyTask, study_name  # noqa: E402
 

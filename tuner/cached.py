@@ -12,29 +12,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import db
-from search import KernelGraph, Program, from_obj, load_program, structural_hash
+from search import Program, from_obj, load_program
 
 from .api import InputError
-
-
-@dataclass(frozen=True)
-class ProgramKey:
-    """What a best kernel is filed under: the reference's hash, its input shapes, dtype."""
-
-    name: str
-    program_hash: str
-    shapes: dict[str, list[int]]
-    dtype: str
-
-
-def program_key(program: Program, reference: KernelGraph | None = None) -> ProgramKey:
-    reference = reference if reference is not None else program.build()
-    shapes = {n: [int(d) for d in s] for n, s in program.inputs.items()}
-    return ProgramKey(program.name, structural_hash(reference), shapes, program.dtype)
+from .identity import program_key
 
 
 def resolve_device_key(device: str | None) -> str | None:

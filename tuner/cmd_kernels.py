@@ -30,8 +30,8 @@ from search import (
     structural_hash,
 )
 
-from ._console import ms
 from .api import InputError, parse_config, parse_pairs
+from .formatting import ms
 
 if TYPE_CHECKING:
     from kernels import DeviceSpec, KernelPlan

@@ -8,8 +8,9 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from ._console import Progress, config_text, ms
+from ._console import Progress
 from .api import InputError, parse_pairs
+from .formatting import config_text, ms
 
 if TYPE_CHECKING:
     from .launch import LaunchResult

@@ -213,7 +213,7 @@ def _stored_structures(database: Any, args: argparse.Namespace) -> list:
     import costmodel
     from search import load_program
 
-    from .cached import program_key
+    from .identity import program_key
 
     imported = [p for p in database.programs() if p.name == args.program
                 and p.dtype == costmodel.KT_DTYPE]

@@ -12,7 +12,6 @@ is written.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections import Counter
@@ -26,10 +25,12 @@ import db
 from search import KernelGraph, to_obj
 from verifier import DEFAULT_TESTS
 
-from ._console import Progress, ms
+from ._console import Progress
 from .api import InputError, small_instance
-from .cached import program_key, tuned_best
+from .cached import tuned_best
 from .confirm import TIMINGS
+from .formatting import ms
+from .identity import job_key, program_key
 from .jobfile import JobSpec, ProgramEntry, load_job
 from .tune import StudyOutcome, StudyRunner, StudyTask, study_name
 
@@ -109,26 +110,6 @@ class LaunchResult:
         return {"job_id": self.job_id, "job_key": self.job_key, "resumed": self.resumed,
                 "database": self.url, "elapsed_s": round(self.elapsed_s, 3),
                 "programs": [r.as_dict() for r in self.reports]}
-
-
-def job_key(job: JobSpec) -> str:
-    """Identifies a job across relaunches: its programs (by reference hash and shapes) and
-    every setting that changes what is searched or tuned."""
-    desc = {
-        "programs": [_entry_key(e) for e in job.programs],
-        "search": repr(job.search), "tuning": repr(job.tuning), "devices": list(job.devices),
-    }
-    digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
-    return f"{Path(job.source).stem}:{digest}"
-
-
-def _entry_key(entry: ProgramEntry) -> list:
-    if entry.space is not None:  # a Kernel Tuner space: its identity and the replayed GPU
-        from .replay import space_identity
-
-        return [entry.space.kernel, space_identity(entry.space)[1], entry.space.device_key]
-    k = program_key(entry.program)
-    return [k.name, k.program_hash, k.shapes]
 
 
 def check_devices(devices: tuple[str, ...], address: str | None = None) -> None:

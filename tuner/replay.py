@@ -14,7 +14,6 @@ timing per config: nothing is re-timed).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import db
 from kernels import ConfigSpace, DeviceSpec, ReplayDevice
 
+from .identity import space_identity
 from .tune import StudyRunner, StudyTask, study_name
 
 if TYPE_CHECKING:
@@ -34,14 +34,6 @@ if TYPE_CHECKING:
 # Kernel Tuner's failure markers -> measurement statuses (as ``tuner import kernel-tuner``)
 KT_STATUS = {"CompilationFailedConfig": "compile_error", "RuntimeFailedConfig": "runtime_error",
              "InvalidConfig": "runtime_error"}
-
-
-def space_identity(space: KernelTunerSpace) -> tuple[dict, str]:
-    """The program object and hash ``costmodel.import_kernel_tuner`` files this space under,
-    so an imported file and a replay launch of it are one program and one structure."""
-    program = {"kernel_tuner": {"kernel": space.kernel, "keys": list(space.keys),
-                                "problem_size": list(space.problem_size)}}
-    return program, hashlib.sha256(json.dumps(program, sort_keys=True).encode()).hexdigest()
 
 
 def config_space_of(space: KernelTunerSpace) -> ConfigSpace:

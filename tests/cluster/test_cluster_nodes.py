@@ -222,7 +222,7 @@ def test_a_replay_launch_on_the_cluster_spreads_trials_over_the_gpu_slots(
 
 
 def _phash(space) -> str:  # noqa: ANN001
-    from tuner.replay import space_identity
+    from tuner.identity import space_identity
 
     return space_identity(space)[1]
 
@@ -264,9 +264,10 @@ def test_a_node_removed_mid_tuning_loses_no_trial(nodes, tmp_path: Path) -> None
     """A study on 6 GPU slots over three nodes; the third node is removed while its slots
     hold trials: every trial asked is stored exactly once (re-run on a surviving slot, or
     stored as node_lost), and the study measures all it was asked to."""
+    from tuner.identity import space_identity
     from tuner.jobfile import TuningSpec
     from tuner.launch import optuna_storage
-    from tuner.replay import ReplayStudyRunner, config_space_of, space_identity
+    from tuner.replay import ReplayStudyRunner, config_space_of
     from tuner.tune import StudyTask, study_name
 
     c, _ = nodes

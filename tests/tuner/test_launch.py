@@ -35,7 +35,7 @@ def counts(url: str) -> dict[str, int]:
 def history(url: str, library: bool = False) -> list:
     """The program's measurements; those of the library path (the baseline's timings, a
     candidate of every launch, tests/tuner/test_library.py) only with ``library``."""
-    key = tuner.cached.program_key(tuner.load_program("softmax_rows", {"rows": 64, "cols": 64}))
+    key = tuner.identity.program_key(tuner.load_program("softmax_rows", {"rows": 64, "cols": 64}))
     with db.connect(url, migrate_schema=False) as database:
         return [h for h in database.history(key.program_hash)
                 if library or not h.structure_hash.startswith(db.LIBRARY_PREFIX)]

@@ -19,7 +19,7 @@ import db
 from cluster import LocalExecutor, ReplayPool, TrialRequest, search_program
 from kernels import config_space, estimate, legal, local_cpu_spec
 from search import handwritten, load_program, to_obj
-from tuner.cached import program_key
+from tuner.identity import program_key
 from tuner.jobfile import TuningSpec
 from tuner.tune import Codec, StudyRunner, StudyTask, warm_start
 
