@@ -15,7 +15,7 @@ from datetime import datetime
 
 import db
 
-from .formatting import ms
+from ..formatting import ms
 
 
 @dataclass

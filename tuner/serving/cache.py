@@ -17,8 +17,8 @@ from typing import Any
 import db
 from search import Program, from_obj, load_program
 
-from .api import InputError
-from .identity import program_key
+from ..api import InputError
+from ..identity import program_key
 
 
 def resolve_device_key(device: str | None) -> str | None:

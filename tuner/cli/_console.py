@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .formatting import config_text, ms
+from ..formatting import config_text, ms
 
 if TYPE_CHECKING:
     from tqdm import tqdm

@@ -8,12 +8,12 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from ..api import InputError, parse_pairs
+from ..formatting import config_text, ms
 from ._console import Progress
-from .api import InputError, parse_pairs
-from .formatting import config_text, ms
 
 if TYPE_CHECKING:
-    from .launch import LaunchResult
+    from ..pipeline import LaunchResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +80,7 @@ def format_summary(result: LaunchResult) -> str:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .launch import JobRun, prepare
+    from ..pipeline import JobRun, prepare
 
     job, url = prepare(args.job, args.db, args.resume, args.address)  # nothing written before this passes
     progress = Progress(enabled=not (args.quiet or args.json))
@@ -113,7 +113,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     import db
     from search import load_program
 
-    from .cached import best, launch_hint, tuned_best
+    from ..serving import best, launch_hint, tuned_best
 
     program = load_program(args.program, parse_pairs(args.set))
     with db.connect(args.db, migrate_schema=False) as database:
@@ -169,7 +169,7 @@ def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: 
     stderr), or an error listing the shapes it holds with the ``--set`` line of each."""
     from search import load_program
 
-    from .cached import best
+    from ..serving import best
 
     found = []
     for summary in database.programs():
@@ -203,7 +203,7 @@ def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: 
 def cmd_status(args: argparse.Namespace) -> int:
     import time
 
-    from .status import as_json, format_status, status
+    from ..serving.status import as_json, format_status, status
 
     if args.watch is not None and not args.watch > 0:
         raise InputError(f"--watch {args.watch:g}: give the seconds between updates, > 0")
