@@ -92,7 +92,7 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
 
     if choice == "handwritten" or (choice == "best" and not structures):
         return hand(), f"hand-written structure of {program.name}"
-    if choice == "best":
+    if choice == "best" and structures:
         from kernels import rank_structures
 
         found = read_structures(structures)

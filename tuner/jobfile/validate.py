@@ -154,7 +154,7 @@ class _Parser(NodeReader):
             p = entry.program
             if p is None:
                 sp = entry.space
-                key = ("kernel_tuner", sp.kernel, sp.device, sp.problem_size)
+                key: tuple = ("kernel_tuner", sp.kernel, sp.device, sp.problem_size)
                 if key in seen:
                     raise self.fail(item, f"programs[{i}]", f"{sp.kernel} on {sp.device} is "
                                     f"already programs[{seen[key]}]; list each cache once")
