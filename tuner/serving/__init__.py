@@ -5,8 +5,16 @@
 reads; the launch (``tuner.pipeline``) is what writes.
 """
 
-from .cache import best, kernel_from_record, launch_hint, load, resolve_device_key, tuned_best
+from .cache import (
+    best,
+    bests_at_stored_shapes,
+    kernel_from_record,
+    launch_hint,
+    load,
+    resolve_device_key,
+    tuned_best,
+)
 from .status import status
 
-__all__ = ["best", "kernel_from_record", "launch_hint", "load", "resolve_device_key", "status",
-           "tuned_best"]
+__all__ = ["best", "bests_at_stored_shapes", "kernel_from_record", "launch_hint", "load",
+           "resolve_device_key", "status", "tuned_best"]
