@@ -8,6 +8,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from db import DEFAULT_URL
+
 from ..api import InputError, parse_pairs
 from ..formatting import config_text, ms
 from ._console import Progress
@@ -37,14 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the shapes it was tuned at (X=16x256) or a parameter (batch=8)")
     p.add_argument("--device", metavar="KEY",
                    help="a device key, or cpu / cuda for this machine's (default: any)")
-    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
     p.add_argument("--source", action="store_true", help="print the kernel's source")
     p.set_defaults(func=cmd_best)
 
     p = sub.add_parser("status", help="jobs, programs and best kernels in a database "
                                       "(follow a running launch with --watch)")
-    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     p.add_argument("--json", action="store_true", help="print it as one JSON object")
     p.add_argument("--watch", type=float, metavar="SECONDS",
                    help="print it again every SECONDS until Ctrl-C")
@@ -53,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     q = dbsub.add_parser("upgrade", help="create the tuner tables or migrate them to the head")
-    q.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    q.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     q.set_defaults(func=cmd_db_upgrade)
 
 

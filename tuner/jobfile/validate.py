@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from db import DEFAULT_URL
 from search import (
     Program,
     ProgramError,
@@ -30,7 +31,6 @@ from ..samplers.registry import SAMPLERS, unknown_sampler
 from ._nodes import NodeReader, Pairs
 from .schema import (
     BLOCK_LEVEL_OPS,
-    DEFAULT_URL,
     ENTRY_KEYS,
     KERNEL_LEVEL_OPS,
     TOP_KEYS,
