@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from db import DEFAULT_URL
+from kernels import OK, replayed_gpu
 
 from ..api import InputError, parse_pairs
 from ..formatting import config_text, ms
@@ -66,7 +67,7 @@ def format_summary(result: LaunchResult) -> str:
     rows = [("program", "device", "best ms", "numpy ms", "speedup", "structures", "trials",
              "failures", "best kernel")]
     for r in result.reports:
-        fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != "ok")
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != OK)
         cfg = config_text(r.best_config)
         rows.append((r.program, r.device_key.split(":")[0], ms(r.best_s, unit=""),
                      ms(r.baseline_s, unit=""),
@@ -106,7 +107,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(format_summary(result))
         names = " ".join(f"--set {k}={'x'.join(map(str, v))}"
                          for k, v in result.reports[0].shapes.items()) if result.reports else ""
-        if result.reports and not result.reports[0].device_key.startswith("replay:"):
+        if result.reports and replayed_gpu(result.reports[0].device_key) is None:
             print(f"query it later: tuner best {result.reports[0].program} {names}"
                   + (f" --db {url}" if args.db else ""))
     return 0
@@ -128,7 +129,7 @@ def cmd_best(args: argparse.Namespace) -> int:
             program, record = _best_at_stored_shapes(args, program, database)
         if record is None:
             raise InputError(launch_hint(program.name, program.inputs))
-        timings = sum(m.status == "ok" for m in database.measurements(record.trial_id))
+        timings = sum(m.status == OK for m in database.measurements(record.trial_id))
         tuned_s = tuned_best(database, record.program_hash, record.shapes_key, record.dtype,
                              record.device_key) if record.library else None
     if args.json:
