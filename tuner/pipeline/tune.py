@@ -49,7 +49,7 @@ class StudyTask:
     program: str
     structure_id: int
     structure_hash: str
-    structure: KernelGraph | None  # None: a replayed Kernel Tuner space (tuner.replay)
+    structure: KernelGraph | None  # None: a replayed Kernel Tuner space (tuner.pipeline.recorded)
     structure_obj: dict
     reference_obj: dict
     space: ConfigSpace
