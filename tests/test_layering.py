@@ -62,3 +62,13 @@ def test_imports_for_type_checking_count(tmp_path, monkeypatch):
                               "if TYPE_CHECKING:\n    from .a import x\n")
     monkeypatch.setattr(tool, "ROOT", tmp_path)
     assert tool.cycles(tool.graph()) == [["search.a", "search.b"]]
+
+
+def test_the_dashboard_cannot_stand_on_the_launch():
+    """tuner's rooms: the read-only dashboard may read identity and the job file, never the
+    launch pipeline or the CLI."""
+    tool = _tool()
+    edges = {"tuner.dashboard.progress": {"tuner.identity", "tuner.pipeline.run"},
+             "tuner.identity": set(), "tuner.pipeline.run": {"tuner.identity"}}
+    assert tool.upward(edges) == ["tuner.dashboard.progress -> tuner.pipeline.run (a lower "
+                                  "tuner room imports a higher one)"]

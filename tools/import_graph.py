@@ -10,7 +10,8 @@ still a circle, and an arrow a reader must follow still points somewhere).  Two 
 - layers: a package imports only the packages below it (``LAYERS``, from the architecture
   doc; the IR, ``search.ir``, is a layer of its own below the search algorithm in
   ``search``), and inside ``kernels`` the rooms follow hardware < lowering < rendering <
-  devices < the tuning helpers, so no arrow points up.
+  devices < the tuning helpers, inside ``tuner`` formatting, samplers < jobfile < identity <
+  api < serving < dashboard < pipeline < cli, so no arrow points up.
 
 Prints the package graph (``--modules``: the module graph) as Mermaid or Graphviz DOT and the
 violations; exits 1 when there is one.
@@ -44,6 +45,12 @@ LAYERS = {
 # the rooms of kernels, bottom first: a room may import the rooms before it
 KERNEL_ROOMS = ("kernels.hardware", "kernels.lowering", "kernels.rendering", "kernels.devices",
                 ("kernels.configspace", "kernels.speedup"))
+# the rooms of tuner's wings, bottom first: the read-only dashboard sits below the launch
+# (``tuner.pipeline``) and the CLI, so it can never stand on them
+TUNER_ROOMS = (("tuner.formatting", "tuner.samplers"), "tuner.jobfile", "tuner.identity",
+               "tuner.api", "tuner.serving", "tuner.dashboard", "tuner.pipeline",
+               ("tuner.cli", "tuner.mirage_compat"))
+ROOMS = {"kernels": KERNEL_ROOMS, "tuner": TUNER_ROOMS}
 
 
 def module_name(path: Path) -> str:
@@ -130,8 +137,8 @@ def layer_of(module: str) -> str:
     return module.split(".")[0]
 
 
-def _room(module: str) -> int | None:
-    for i, room in enumerate(KERNEL_ROOMS):
+def _room(module: str, rooms: tuple = KERNEL_ROOMS) -> int | None:
+    for i, room in enumerate(rooms):
         for r in (room if isinstance(room, tuple) else (room,)):
             if module == r or module.startswith(r + "."):
                 return i
@@ -139,7 +146,8 @@ def _room(module: str) -> int | None:
 
 
 def upward(edges: dict[str, set[str]]) -> list[str]:
-    """Arrows that point up: across packages against LAYERS, inside kernels against its rooms."""
+    """Arrows that point up: across packages against LAYERS, inside kernels and tuner against
+    their rooms."""
     out = []
     for a, targets in sorted(edges.items()):
         pa = layer_of(a)
@@ -147,10 +155,10 @@ def upward(edges: dict[str, set[str]]) -> list[str]:
             pb = layer_of(b)
             if pa != pb and pb not in LAYERS.get(pa, set()):
                 out.append(f"{a} -> {b} ({pa} may not import {pb})")
-            elif pa == pb == "kernels":
-                ra, rb = _room(a), _room(b)
+            elif pa == pb and pa in ROOMS:
+                ra, rb = _room(a, ROOMS[pa]), _room(b, ROOMS[pa])
                 if ra is not None and rb is not None and rb > ra:
-                    out.append(f"{a} -> {b} (a lower kernels room imports a higher one)")
+                    out.append(f"{a} -> {b} (a lower {pa} room imports a higher one)")
     return out
 
 

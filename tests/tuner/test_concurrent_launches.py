@@ -106,7 +106,7 @@ def test_two_launches_and_a_reader_share_one_database(backend: str, tmp_path: Pa
         assert jobs == {s["job_key"]: "finished" for s in summaries}
         for summary in summaries:
             (rep,) = summary["programs"]
-            key = tuner.cached.program_key(tuner.load_program(rep["program"],
+            key = tuner.identity.program_key(tuner.load_program(rep["program"],
                                                               PROGRAMS[rep["program"]]))
             rows = [h for h in database.history(key.program_hash)
                     if not h.structure_hash.startswith(db.LIBRARY_PREFIX)]

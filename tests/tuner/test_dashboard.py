@@ -28,10 +28,10 @@ import db  # noqa: E402
 from search.ir.serialize import to_obj  # noqa: E402
 from search.ir.suite import load_program  # noqa: E402
 from tuner import api  # noqa: E402
-from tuner.cached import program_key  # noqa: E402
 from tuner.dashboard import RemoteBindRefused, check_host, create_app  # noqa: E402
 from tuner.dashboard.cluster import ClusterView  # noqa: E402
 from tuner.dashboard.queries import Reader  # noqa: E402
+from tuner.identity import program_key  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 XSS = "<script>alert(1)</script>"

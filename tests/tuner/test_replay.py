@@ -24,8 +24,8 @@ import pytest
 
 import db
 from costmodel import read_kernel_tuner
+from tuner.identity import space_identity
 from tuner.jobfile import JobError, parse_job
-from tuner.replay import space_identity
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHES = Path("/work/shared/data/kernel_tuner_caches")

@@ -43,9 +43,9 @@ def job_plan(job_path: str, job_key: str) -> Plan | None:
             return _plans[key]
     plan = None
     try:
-        from ..cached import program_key
+        from ..identity import job_key as key_of
+        from ..identity import program_key
         from ..jobfile import load_job
-        from ..launch import job_key as key_of
 
         job = load_job(job_path)
         if key_of(job) == job_key:

@@ -1,34 +1,24 @@
-"""What the commands print while they work: milliseconds, and progress on stderr.
+"""What the commands print while they work: progress on stderr.
 
-``ms`` is the one way a time in seconds is shown (``-`` when there is none); ``Progress`` is
-the one progress display: a tqdm bar per phase when stderr is a terminal, plain lines
-otherwise (logs, CI, a pipe), nothing when disabled (``--json``, ``--quiet``).
+``Progress`` is the one progress display: a tqdm bar per phase when stderr is a terminal,
+plain lines otherwise (logs, CI, a pipe), nothing when disabled (``--json``, ``--quiet``).
+Times and configs are written by ``tuner.formatting``.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import TYPE_CHECKING, Any
+
+from kernels import OK
+
+from ..formatting import config_text, ms
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
 #: the search progress line of `tuner launch` (`tuner search` passes its own)
 SEARCH_LINE = "states {states:,}  verified {verified}  {elapsed_s:.1f}s"
-
-
-def ms(seconds: float | None, unit: str = " ms", spec: str = ".3f") -> str:
-    """``seconds`` in milliseconds (``ms(1.5e-5)`` is ``0.015 ms``); ``-`` for None or NaN.
-    Table columns headed "ms" pass ``unit=""``."""
-    if seconds is None or math.isnan(seconds):
-        return "-"
-    return f"{seconds * 1e3:{spec}}{unit}"
-
-
-def config_text(config: dict[str, Any] | None) -> str:
-    """A config as ``F=4 g0=8`` (sorted by name)."""
-    return " ".join(f"{k}={v}" for k, v in sorted((config or {}).items()))
 
 
 class Progress:
@@ -78,7 +68,7 @@ class Progress:
         if not self.enabled:
             return
         t = res.get("median_s")
-        what = ms(t) if res["status"] == "ok" and t else res["status"]
+        what = ms(t) if res["status"] == OK and t else res["status"]
         config = config_text(res.get("config"))
         if self.tty:
             bar = self._bar(f"tune {program}", " trials")

@@ -8,11 +8,18 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from ._console import Progress, config_text, ms
-from .api import InputError, parse_pairs
+from db import DEFAULT_URL
+from kernels import OK, replayed_gpu
+
+from ..api import InputError, parse_pairs
+from ..formatting import config_text, ms
+from ._console import Progress
 
 if TYPE_CHECKING:
-    from .launch import LaunchResult
+    import db
+    from search import Program
+
+    from ..pipeline import LaunchResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,14 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the shapes it was tuned at (X=16x256) or a parameter (batch=8)")
     p.add_argument("--device", metavar="KEY",
                    help="a device key, or cpu / cuda for this machine's (default: any)")
-    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
     p.add_argument("--source", action="store_true", help="print the kernel's source")
     p.set_defaults(func=cmd_best)
 
     p = sub.add_parser("status", help="jobs, programs and best kernels in a database "
                                       "(follow a running launch with --watch)")
-    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     p.add_argument("--json", action="store_true", help="print it as one JSON object")
     p.add_argument("--watch", type=float, metavar="SECONDS",
                    help="print it again every SECONDS until Ctrl-C")
@@ -49,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     q = dbsub.add_parser("upgrade", help="create the tuner tables or migrate them to the head")
-    q.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    q.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     q.set_defaults(func=cmd_db_upgrade)
 
 
@@ -60,7 +67,7 @@ def format_summary(result: LaunchResult) -> str:
     rows = [("program", "device", "best ms", "numpy ms", "speedup", "structures", "trials",
              "failures", "best kernel")]
     for r in result.reports:
-        fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != "ok")
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != OK)
         cfg = config_text(r.best_config)
         rows.append((r.program, r.device_key.split(":")[0], ms(r.best_s, unit=""),
                      ms(r.baseline_s, unit=""),
@@ -79,9 +86,10 @@ def format_summary(result: LaunchResult) -> str:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .launch import JobRun, prepare
+    from ..pipeline import JobRun, prepare
 
-    job, url = prepare(args.job, args.db, args.resume, args.address)  # nothing written before this passes
+    # nothing is written before this passes
+    job, url = prepare(args.job, args.db, args.resume, args.address)
     progress = Progress(enabled=not (args.quiet or args.json))
     try:
         result = JobRun(job, url, address=args.address, log=progress.log,
@@ -99,7 +107,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(format_summary(result))
         names = " ".join(f"--set {k}={'x'.join(map(str, v))}"
                          for k, v in result.reports[0].shapes.items()) if result.reports else ""
-        if result.reports and not result.reports[0].device_key.startswith("replay:"):
+        if result.reports and replayed_gpu(result.reports[0].device_key) is None:
             print(f"query it later: tuner best {result.reports[0].program} {names}"
                   + (f" --db {url}" if args.db else ""))
     return 0
@@ -112,7 +120,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     import db
     from search import load_program
 
-    from .cached import best, launch_hint, tuned_best
+    from ..serving import best, launch_hint, tuned_best
 
     program = load_program(args.program, parse_pairs(args.set))
     with db.connect(args.db, migrate_schema=False) as database:
@@ -121,7 +129,7 @@ def cmd_best(args: argparse.Namespace) -> int:
             program, record = _best_at_stored_shapes(args, program, database)
         if record is None:
             raise InputError(launch_hint(program.name, program.inputs))
-        timings = sum(m.status == "ok" for m in database.measurements(record.trial_id))
+        timings = sum(m.status == OK for m in database.measurements(record.trial_id))
         tuned_s = tuned_best(database, record.program_hash, record.shapes_key, record.dtype,
                              record.device_key) if record.library else None
     if args.json:
@@ -161,30 +169,16 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: object
-                           ) -> tuple[object, object]:
+def _best_at_stored_shapes(args: argparse.Namespace, program: Program, database: db.Database
+                           ) -> tuple[Program, db.BestKernel | None]:
     """``tuner best NAME`` without ``--set`` when nothing is stored at the default shapes:
     the best kernel at the only shapes the database holds the program at (saying so on
     stderr), or an error listing the shapes it holds with the ``--set`` line of each."""
-    from search import load_program
+    from ..serving import bests_at_stored_shapes
 
-    from .cached import best
-
-    found = []
-    for summary in database.programs():
-        shapes = json.loads(summary.shapes_key)
-        if summary.name != program.name or summary.dtype != program.dtype \
-                or not isinstance(shapes, dict):
-            continue
-        sets = {k: "x".join(map(str, v)) for k, v in shapes.items()}
-        try:
-            candidate = load_program(args.program, sets)
-        except Exception:  # shapes this program file no longer accepts
-            continue
-        record = best(candidate, device=args.device, database=database)
-        if record is not None:
-            found.append((candidate, record, " ".join(f"--set {k}={v}" for k, v in
-                                                      sets.items())))
+    found = [(candidate, record, " ".join(f"--set {k}={v}" for k, v in sets.items()))
+             for candidate, record, sets in bests_at_stored_shapes(args.program, program,
+                                                                   database, args.device)]
     if len(found) == 1:
         candidate, record, line = found[0]
         print(f"tuner best: nothing stored for {program.name} at its default shapes; the "
@@ -202,7 +196,7 @@ def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: 
 def cmd_status(args: argparse.Namespace) -> int:
     import time
 
-    from .status import as_json, format_status, status
+    from ..serving.status import as_json, format_status, status
 
     if args.watch is not None and not args.watch > 0:
         raise InputError(f"--watch {args.watch:g}: give the seconds between updates, > 0")
