@@ -1,7 +1,7 @@
 """Predicted vs measured: the stored cost model's predictions for what a program x device
 measured, with its rank correlation there.
 
-Read-only like every query of the dashboard: the model comes from ``tuner_models``, the
+Read-only like every query of the dashboard: the model comes from db's cost-model table, the
 measurements from the first timing of each ok trial (at most ``limit``, newest first).  The
 prediction lowers each measured config once to featurize it, so the result is cached per
 (model, measurements) by the reader that calls this.
@@ -20,15 +20,11 @@ import db
 LIMIT = 1000
 
 
-def _table(name: str) -> Any:
-    return db.Base.metadata.tables[name]
-
-
 def predicted_vs_measured(engine: Engine, program_id: int, device_key: str,
                           limit: int = LIMIT) -> dict:
     import costmodel
 
-    models = _table("tuner_models")
+    models = db.CostModelRow.__table__
     with engine.connect() as conn:
         row = conn.execute(
             select(models.c.id, models.c.kind, models.c.feature_version, models.c.weights,
@@ -39,8 +35,8 @@ def predicted_vs_measured(engine: Engine, program_id: int, device_key: str,
         if row is None or row.feature_version != costmodel.FEATURE_VERSION:
             return {"model": None, "reason": f"no trained cost model for {device_key} "
                     "(`tuner model train` makes one)", "points": []}
-        m, t, s, p = (_table(n) for n in ("tuner_measurements", "tuner_trials",
-                                           "tuner_structures", "tuner_programs"))
+        m, t, s, p = (db.MeasurementRow.__table__, db.TrialRow.__table__,
+                      db.StructureRow.__table__, db.ProgramRow.__table__)
         rows = conn.execute(
             select(m.c.id, t.c.id.label("trial_id"), p.c.name, p.c.program_hash,
                    s.c.structure_hash, s.c.structure_json, t.c.config_json, m.c.median_s)

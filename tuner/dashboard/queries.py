@@ -20,23 +20,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from optuna.storages._rdb.models import StudyModel, TrialModel
+from optuna.trial import TrialState
 from sqlalchemy import (
-    DateTime,
     Engine,
-    Float,
-    Integer,
-    String,
-    Text,
     and_,
     case,
-    column,
     create_engine,
     event,
     func,
+    literal,
     or_,
     select,
-    table,
-    text,
 )
 from sqlalchemy.exc import NoSuchTableError, OperationalError, ProgrammingError
 from sqlalchemy.pool import StaticPool
@@ -48,44 +43,18 @@ SERIES_KEPT = 32  # program x device series kept up to date in memory (the most 
 WINDOW = 1000  # trailing measurement ids re-read on every refresh (see Reader._refresh_totals)
 FAILURES_PAGE = 200
 
-programs_t = table(
-    "tuner_programs", column("id", Integer), column("program_hash", String),
-    column("shapes_key", String), column("dtype", String), column("name", String),
-    column("graph_json", Text), column("created_at", DateTime))
-jobs_t = table(
-    "tuner_jobs", column("id", Integer), column("job_key", String), column("job_path", Text),
-    column("status", String), column("attempts", Integer), column("started_at", DateTime),
-    column("finished_at", DateTime), column("timings_json", Text))
-shards_t = table(
-    "tuner_search_shards", column("id", Integer), column("job_id", Integer),
-    column("shard_key", String), column("status", String), column("stats_json", Text),
-    column("updated_at", DateTime))
-structures_t = table(
-    "tuner_structures", column("id", Integer), column("program_id", Integer),
-    column("structure_hash", String), column("structure_json", Text),
-    column("verification_json", Text), column("num_kernels", Integer),
-    column("bytes_moved", Integer), column("created_at", DateTime))
-trials_t = table(
-    "tuner_trials", column("id", Integer), column("structure_id", Integer),
-    column("device_key", String), column("config_hash", String), column("config_json", Text),
-    column("study_name", String), column("trial_number", Integer),
-    column("created_at", DateTime))
-meas_t = table(
-    "tuner_measurements", column("id", Integer), column("trial_id", Integer),
-    column("device_key", String), column("attempt", Integer), column("status", String),
-    column("median_s", Float), column("spread_s", Float), column("samples_json", Text),
-    column("max_error", Float), column("message", Text), column("host", String),
-    column("measured_at", DateTime))
-best_t = table(
-    "tuner_best_kernels", column("id", Integer), column("program_hash", String),
-    column("shapes_key", String), column("dtype", String), column("device_key", String),
-    column("structure_id", Integer), column("trial_id", Integer),
-    column("measurement_id", Integer), column("source", Text), column("time_s", Float),
-    column("baseline_s", Float), column("updated_at", DateTime))
-# Optuna's own tables (same database); read only for the trial states of our studies.
-studies_t = table("studies", column("study_id", Integer), column("study_name", String))
-otrials_t = table("trials", column("trial_id", Integer), column("study_id", Integer),
-                  column("state", String))
+# db's own tables (the ORM rows' ``__table__``): the schema is declared once, in db/_models.py
+programs_t = db.ProgramRow.__table__
+jobs_t = db.JobRow.__table__
+shards_t = db.SearchShardRow.__table__
+structures_t = db.StructureRow.__table__
+trials_t = db.TrialRow.__table__
+meas_t = db.MeasurementRow.__table__
+best_t = db.BestKernelRow.__table__
+# Optuna's own tables (same database), as Optuna's storage declares them; read only for the
+# trial states of our studies
+studies_t = StudyModel.__table__
+otrials_t = TrialModel.__table__
 
 M, T, S, P = meas_t.c, trials_t.c, structures_t.c, programs_t.c
 
@@ -441,7 +410,8 @@ class Reader:
                         c = st["counts"].setdefault(sid, {})
                         c[state] = c.get(state, 0) + int(n)
                 for tid, sid in conn.execute(select(o.trial_id, o.study_id).where(
-                        o.trial_id <= low, o.state.in_(UNFINISHED))):
+                        o.trial_id <= low,
+                        o.state.in_([TrialState[n] for n in UNFINISHED]))):
                     st["pending"][tid] = sid
                 st["low"] = low
             rows = conn.execute(select(o.trial_id, o.study_id, o.state)
@@ -642,7 +612,7 @@ class Reader:
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+            conn.execute(select(literal(1)))
 
 
 class _Series:
@@ -731,7 +701,7 @@ class _Series:
         }
 
 
-UNFINISHED = ("RUNNING", "WAITING")
+UNFINISHED = (TrialState.RUNNING.name, TrialState.WAITING.name)
 
 
 def _state(value: Any) -> str:
