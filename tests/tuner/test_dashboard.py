@@ -124,6 +124,11 @@ def test_job_progress_and_program_rows(client, filled):
     assert dev["failed_text"] == "compile_error 1"
     page = client.get(f"/jobs/{ids['job']}").text
     assert '/failures?program=softmax_rows&amp;device=cpu%3Atest-cpu%3A2c' in page
+    # drawn by the server only: the row says where its charts' series is, the numbers are
+    # written here (the script formats nothing)
+    assert (f'data-chart-series="/api/programs/{prog["id"]}/series?device=cpu%3Atest-cpu%3A2c"'
+            in page)
+    assert '<td class="num">0.001</td>' in page and '<td class="num">10.00x</td>' in page
 
 
 def test_series_keeps_only_the_improvements(client, filled):
@@ -401,6 +406,7 @@ def test_predicted_vs_measured_needs_a_model_then_shows_its_predictions(tmp_path
     with TestClient(create_app(url)) as c:
         r = c.get(path).json()
         assert r["model"] is None and "tuner model train" in r["reason"]
+        assert r["note"] == r["reason"]  # the chart's caption, written by the server
         assert c.get(f"/api/programs/{pid}/predicted").status_code == 400
     with db.connect(url) as database:
         trained = costmodel.train(database, device_key=DEVICE, kind="gbdt",
@@ -410,3 +416,4 @@ def test_predicted_vs_measured_needs_a_model_then_shows_its_predictions(tmp_path
     assert r["model"]["id"] == trained["model_id"] and r["model"]["kind"] == "gbdt"
     assert sorted(p["measured"] for p in r["points"]) == [1e-6, 2e-6, 2.5e-6, 3e-6]
     assert all(p["predicted"] > 0 for p in r["points"]) and r["kendall_tau"] is not None
+    assert r["note"].startswith(f"model {trained['model_id']} (gbdt) · Kendall tau ")

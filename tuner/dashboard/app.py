@@ -2,17 +2,17 @@
 the pages poll to update themselves while a launch runs, static assets shipped in the package.
 
 Read-only by construction: every route is GET (Starlette answers 405 to anything else), and the
-database is read through ``queries.Reader``'s read-only engine.  Everything from the database
-reaches a page through Jinja's autoescaping or the DOM's ``textContent`` (the scripts never
-build HTML from data), and the Content-Security-Policy allows scripts from this server only,
-so an injected ``<script>`` could not run even if it got through.
+database is read through ``queries.Reader``'s read-only engine.  Every table is drawn once, by
+the templates here, with Jinja's autoescaping; while a launch runs ``dashboard.js`` fetches
+the page again and swaps in the parts marked ``data-live`` (it builds no HTML from data and
+formats nothing).  The Content-Security-Policy allows scripts from this server only, so an
+injected ``<script>`` could not run even if it got through.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +27,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+import db
+
+from .. import formatting
 from . import graphsvg
 from .cluster import ClusterView
 from .progress import all_jobs, job_progress
@@ -39,10 +42,6 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 
 # ------------------------------------------------------------------------------- formatting
-
-
-def ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
 
 
 def when(t: datetime | str | None) -> str:
@@ -60,12 +59,6 @@ def duration(seconds: float | None) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-def config_text(config: Any) -> str:
-    if isinstance(config, dict):
-        return " ".join(f"{k}={v}" for k, v in sorted(config.items())) or "(none)"
-    return "-" if config is None else json.dumps(config)
 
 
 def _jsonable(value: Any) -> Any:
@@ -106,10 +99,11 @@ def create_app(url: str | None = None, *, address: str | None = None,
     cluster = cluster or ClusterView(address)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     env = templates.env
-    env.filters.update(ms=ms, when=when, duration=duration, config=config_text,
-                       shapes=shapes_text)
+    env.filters.update(ms=formatting.ms, config=formatting.config_text, when=when,
+                       duration=duration, shapes=shapes_text)
     env.globals.update(db_url=reader.url, poll_ms=POLL_MS, cluster_address=address,
-                       optuna_dashboard=optuna_dashboard)
+                       optuna_dashboard=optuna_dashboard,
+                       failure_statuses=[s for s in db.MEASUREMENT_STATUSES if s != "ok"])
 
     async def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)

@@ -22,6 +22,20 @@ LIMIT = 1000
 
 def predicted_vs_measured(engine: Engine, program_id: int, device_key: str,
                           limit: int = LIMIT) -> dict:
+    """``{model, points, kendall_tau, mape, reason}`` and ``note``: the chart's caption,
+    written here so that the page's script formats nothing."""
+    out = _predicted(engine, program_id, device_key, limit)
+    model, tau, reason = out["model"], out.get("kendall_tau"), out.get("reason")
+    parts = [f"model {model['id']} ({model['kind']})"] if model else []
+    if tau is not None:
+        parts.append(f"Kendall tau {tau:.2f}")
+    if reason:
+        parts.append(reason)
+    out["note"] = " · ".join(parts)
+    return out
+
+
+def _predicted(engine: Engine, program_id: int, device_key: str, limit: int) -> dict:
     import costmodel
 
     models = db.CostModelRow.__table__
