@@ -30,7 +30,7 @@ from search.suite import load_program  # noqa: E402
 from tuner import api  # noqa: E402
 from tuner.dashboard import RemoteBindRefused, check_host, create_app  # noqa: E402
 from tuner.dashboard.cluster import ClusterView  # noqa: E402
-from tuner.dashboard.queries import Reader  # noqa: E402
+from tuner.dashboard.reader import Reader  # noqa: E402
 from tuner.identity import program_key  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,15 +140,12 @@ def test_series_keeps_only_the_improvements(client, filled):
     assert len(s["scatter"]) == 4 and s["scatter"][0]["config"] == {"g0": 1, "split": 1}
 
 
-def test_totals_stay_exact_as_measurements_arrive(tmp_path, monkeypatch):
+def test_totals_stay_exact_as_measurements_arrive(tmp_path):
     """The dashboard counts new measurements incrementally (a low-water mark trailing the
     newest id by WINDOW); after several rounds of arrivals it agrees with a fresh count."""
-    from tuner.dashboard import queries
-
-    monkeypatch.setattr(queries, "WINDOW", 2)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     ids = fill(url, xss=False)
-    live = Reader(url)
+    live = Reader(url, window=2)
     pid = ids["programs"][0]
     for round_ in range(3):
         with db.connect(url) as database:
@@ -172,19 +169,16 @@ def test_totals_stay_exact_as_measurements_arrive(tmp_path, monkeypatch):
     fresh.close()
 
 
-def test_optuna_states_follow_running_trials(tmp_path, monkeypatch):
+def test_optuna_states_follow_running_trials(tmp_path):
     """Skipped (PRUNED) and failed Optuna trials counted incrementally, a RUNNING one
     counted when it finishes, in agreement with a fresh count."""
     import optuna
 
-    from tuner.dashboard import queries
-
-    monkeypatch.setattr(queries, "WINDOW", 2)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     ids = fill(url, xss=False)
     study = optuna.create_study(study_name="s", storage=url)  # fill's trials name study "s"
-    live = Reader(url)
+    live = Reader(url, window=2)
     pid = ids["programs"][0]
 
     def states(reader):
@@ -259,7 +253,7 @@ def test_read_only(client, filled):
 
 
 def test_password_never_shown(filled):
-    from tuner.dashboard.queries import read_only_engine
+    from tuner.dashboard.tables import read_only_engine
 
     pg = "postgresql+psycopg://tuner:sekrit-pw@dbhost:5432/tuner"
     reader = Reader(pg, engine=read_only_engine(filled[0]))  # shown as pg, read from sqlite

@@ -57,7 +57,7 @@ def serve(url: str | None = None, *, address: str | None = None, host: str = DEF
     """Serve the dashboard until interrupted (see ``check_host`` for ``explicit_host``)."""
     import uvicorn
 
-    from .queries import shown_url
+    from .tables import shown_url
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     warning = check_host(host, explicit_host)

@@ -2,7 +2,7 @@
 the pages poll to update themselves while a launch runs, static assets shipped in the package.
 
 Read-only by construction: every route is GET (Starlette answers 405 to anything else), and the
-database is read through ``queries.Reader``'s read-only engine.  Every table is drawn once, by
+database is read through ``reader.Reader``'s read-only engine.  Every table is drawn once, by
 the templates here, with Jinja's autoescaping; while a launch runs ``dashboard.js`` fetches
 the page again and swaps in the parts marked ``data-live`` (it builds no HTML from data and
 formats nothing).  The Content-Security-Policy allows scripts from this server only, so an
@@ -33,7 +33,8 @@ from .. import formatting
 from . import graphsvg
 from .cluster import ClusterView
 from .progress import all_jobs, job_progress
-from .queries import Reader, iso, shapes_text
+from .reader import Reader
+from .views import duration, iso, shapes_text, when
 
 HERE = Path(__file__).resolve().parent
 POLL_MS = 2000
@@ -42,23 +43,6 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 
 # ------------------------------------------------------------------------------- formatting
-
-
-def when(t: datetime | str | None) -> str:
-    if t is None:
-        return "-"
-    if isinstance(t, str):
-        t = datetime.fromisoformat(t)
-    return f"{t:%Y-%m-%d %H:%M:%S}"
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 def _jsonable(value: Any) -> Any:

@@ -47,7 +47,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     except RemoteBindRefused as err:
         raise InputError(str(err)) from None
     except OperationalError as err:  # words, and the URL without its password
-        from .queries import shown_url
+        from .tables import shown_url
 
         why = str(err.orig or err).strip().splitlines()[0]
         raise InputError(f"cannot read the database {shown_url(args.db)}: {why}") from None

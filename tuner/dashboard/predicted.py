@@ -17,6 +17,10 @@ from sqlalchemy import Engine, desc, select
 
 import db
 
+from .tables import MEASURED, M, P, S, T, models_t, programs_t
+
+C = models_t.c
+
 LIMIT = 1000
 
 
@@ -38,27 +42,22 @@ def predicted_vs_measured(engine: Engine, program_id: int, device_key: str,
 def _predicted(engine: Engine, program_id: int, device_key: str, limit: int) -> dict:
     import costmodel
 
-    models = db.CostModelRow.__table__
     with engine.connect() as conn:
         row = conn.execute(
-            select(models.c.id, models.c.kind, models.c.feature_version, models.c.weights,
-                   models.c.trained_on_json)
-            .where(models.c.device_key.in_([device_key, db.ALL_DEVICES]))
-            .order_by((models.c.device_key == device_key).desc(), desc(models.c.id))
+            select(C.id, C.kind, C.feature_version, C.weights, C.trained_on_json)
+            .where(C.device_key.in_([device_key, db.ALL_DEVICES]))
+            .order_by((C.device_key == device_key).desc(), desc(C.id))
             .limit(1)).first()
         if row is None or row.feature_version != costmodel.FEATURE_VERSION:
             return {"model": None, "reason": f"no trained cost model for {device_key} "
                     "(`tuner model train` makes one)", "points": []}
-        m, t, s, p = (db.MeasurementRow.__table__, db.TrialRow.__table__,
-                      db.StructureRow.__table__, db.ProgramRow.__table__)
         rows = conn.execute(
-            select(m.c.id, t.c.id.label("trial_id"), p.c.name, p.c.program_hash,
-                   s.c.structure_hash, s.c.structure_json, t.c.config_json, m.c.median_s)
-            .select_from(m.join(t, t.c.id == m.c.trial_id).join(s, s.c.id == t.c.structure_id)
-                         .join(p, p.c.id == s.c.program_id))
-            .where(p.c.id == program_id, m.c.device_key == device_key, m.c.status == "ok",
-                   m.c.attempt == 0)
-            .order_by(desc(m.c.id)).limit(limit)).all()
+            select(M.id, T.id.label("trial_id"), P.name, P.program_hash, S.structure_hash,
+                   S.structure_json, T.config_json, M.median_s)
+            .select_from(MEASURED.join(programs_t, P.id == S.program_id))
+            .where(P.id == program_id, M.device_key == device_key, M.status == "ok",
+                   M.attempt == 0)
+            .order_by(desc(M.id)).limit(limit)).all()
     model = costmodel.load_model(row.weights)
     graphs: dict[str, Any] = {}
     training = [db.TrainingRow(r.id, r.name, r.program_hash, r.structure_hash,

@@ -13,14 +13,17 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
-from .queries import ProgramRow, Reader, iso, shapes_text
+import db
+
+from .reader import Reader
+from .views import ProgramProgress, iso, shapes_text
 
 
 @dataclass(frozen=True)
 class Plan:
     programs: list[tuple[str, str, dict]]  # (name, program_hash, shapes) in the job's order
+    keys: list[tuple[str, str]]  # (program_hash, shapes key) of each, as db files them
     devices: int
     structures: int
     trials_per_structure: int
@@ -50,7 +53,8 @@ def job_plan(job_path: str, job_key: str) -> Plan | None:
         job = load_job(job_path)
         if key_of(job) == job_key:
             keys = [program_key(e.program) for e in job.programs]
-            plan = Plan([(k.name, k.program_hash, k.shapes) for k in keys], len(job.devices),
+            plan = Plan([(k.name, k.program_hash, k.shapes) for k in keys],
+                        [(k.program_hash, db.shapes_key(k.shapes)) for k in keys], len(job.devices),
                         job.tuning.structures, job.tuning.trials_per_structure,
                         job.tuning.time_budget_s)
     except Exception:  # a file that no longer loads is no plan, not a broken page
@@ -62,8 +66,8 @@ def job_plan(job_path: str, job_key: str) -> Plan | None:
 
 def job_progress(reader: Reader, job: dict, prefixes: list[str],
                  now: datetime | None = None, optuna: bool = False,
-                 every_program: list[ProgramRow] | None = None
-                 ) -> tuple[dict, list[ProgramRow]]:
+                 every_program: list[ProgramProgress] | None = None
+                 ) -> tuple[dict, list[ProgramProgress]]:
     """(progress of ``job``, its programs in the job's order); ``every_program``: all
     program rows, read once for many jobs."""
     now = now or datetime.now(timezone.utc)
@@ -78,12 +82,13 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
         rows = reader.programs(hashes=hashes, optuna=optuna)
     waiting = []
     if plan is not None:  # the job's own shapes, in its order
-        wanted = {(h, _canon(s)): i for i, (_, h, s) in enumerate(plan.programs)}
-        rows = [r for r in rows if (r.program_hash, _canon(r.shapes)) in wanted]
-        rows.sort(key=lambda r: wanted[(r.program_hash, _canon(r.shapes))])
-        have = {(r.program_hash, _canon(r.shapes)) for r in rows}
-        waiting = [{"name": n, "shapes_text": shapes_text(s)} for n, h, s in plan.programs
-                   if (h, _canon(s)) not in have]
+        wanted = {key: i for i, key in enumerate(plan.keys)}
+        rows = [r for r in rows if _key(r) in wanted]
+        rows.sort(key=lambda r: wanted[_key(r)])
+        have = {_key(r) for r in rows}
+        waiting = [{"name": n, "shapes_text": shapes_text(s)}
+                   for (n, _, s), key in zip(plan.programs, plan.keys, strict=True)
+                   if key not in have]
     else:
         order = {p: i for i, p in enumerate(prefixes)}
         rows.sort(key=lambda r: (order.get(r.program_hash[:16], len(order)), r.id))
@@ -134,10 +139,8 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
     }, rows
 
 
-def _canon(shapes: Any) -> str:
-    import json
-
-    return json.dumps(shapes, sort_keys=True, separators=(",", ":"))
+def _key(row: ProgramProgress) -> tuple[str, str]:
+    return row.program_hash, db.shapes_key(row.shapes)
 
 
 def all_jobs(reader: Reader, now: datetime | None = None) -> list[dict]:
