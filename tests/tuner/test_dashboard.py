@@ -131,6 +131,36 @@ def test_job_progress_and_program_rows(client, filled):
     assert '<td class="num">0.001</td>' in page and '<td class="num">10.00x</td>' in page
 
 
+def test_jobs_page_names_each_jobs_programs(client, filled, tmp_path):
+    """Each job's programs by name, linked, in its order; with the job file still there,
+    the ones it has not reached yet too."""
+    _, ids = filled
+    (job,) = [j for j in client.get("/api/jobs").json()["jobs"] if j["id"] == ids["job"]]
+    assert job["programs"] == [{"id": ids["programs"][0], "name": "softmax_rows",
+                                "shapes_text": "X=64x64"}]
+    assert f'<a href="/programs/{ids["programs"][0]}" title="X=64x64">softmax_rows</a>' \
+        in client.get("/").text
+    from tuner.identity import job_key
+    from tuner.jobfile import load_job
+
+    path = tmp_path / "two.yaml"
+    path.write_text("programs:\n  - name: softmax_rows\n    set: {rows: 16, cols: 32}\n"
+                    "  - name: rmsnorm_residual\n    set: {X: 16x32, R: 16x32}\n"
+                    "devices: [cpu]\n")
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    fill(url, [{"rows": 16, "cols": 32}], xss=False)
+    with db.connect(url) as database:
+        database.finish_job(database.start_job(job_key(load_job(str(path))), str(path)).id,
+                            "interrupted")
+    with TestClient(create_app(url)) as c:
+        planned = c.get("/api/jobs").json()["jobs"][0]
+        page = c.get("/").text
+    assert planned["plan_known"]
+    assert [(p["name"], p["id"] is None) for p in planned["programs"]] == [
+        ("softmax_rows", False), ("rmsnorm_residual", True)]
+    assert 'title="X=16x32 R=16x32: not reached yet">rmsnorm_residual</span>' in page
+
+
 def test_series_keeps_only_the_improvements(client, filled):
     _, ids = filled
     s = client.get(f"/api/programs/{ids['programs'][0]}/series",

@@ -136,6 +136,8 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
         "trials": trials, "trials_planned": planned, "elapsed_s": elapsed, "eta_s": eta,
         "last_measured_at": iso(last), "plan_known": plan is not None,
         "waiting": waiting,
+        "programs": [{"id": r.id, "name": r.name, "shapes_text": r.shapes_text} for r in rows]
+        + [{"id": None, **w} for w in waiting],  # its programs by name, in its order
     }, rows
 
 
