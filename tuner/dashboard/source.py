@@ -1,0 +1,37 @@
+"""A kernel's source for its page: the stored one of a best kernel, or rendered now by the
+same lowering and renderer the launch used; highlighted by Pygments when it is installed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def kernel_source(data: dict[str, Any]) -> tuple[str | None, str]:
+    """The kernel's source: the stored one for a best kernel, else rendered now from its
+    structure and config (the same lowering and renderer the launch used)."""
+    if data["best"] is not None and data["best"]["source"]:
+        return data["best"]["source"], "stored with the best kernel"
+    try:
+        from kernels import get_device
+        from search import from_obj
+
+        kind = "cpu" if str(data["device_key"]).startswith("cpu") else "cuda"
+        device = get_device(kind)
+        config = {k: int(v) for k, v in (data["config"] or {}).items()}
+        plan = device.lower(from_obj(data["structure"]), config, str(data["program"]))
+        return device.render(plan), f"rendered now for {kind} (not a best kernel, so not stored)"
+    except Exception as err:  # noqa: BLE001 - shown on the page
+        return None, f"could not render the source: {type(err).__name__}: {err}"
+
+
+def highlighted(source: str, device_key: str) -> str | None:
+    try:
+        from markupsafe import Markup
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import CppLexer, CudaLexer
+    except ImportError:
+        return None
+    lexer = CppLexer() if str(device_key).startswith("cpu") else CudaLexer()
+    # Pygments escapes the source itself; the markup is safe to insert
+    return Markup(highlight(source, lexer, HtmlFormatter(cssclass="hl", linenos="table")))
