@@ -25,8 +25,9 @@ with warnings.catch_warnings():  # Starlette 1.x would rather have httpx's fork 
     warnings.filterwarnings("ignore", message=".*httpx2")
     from starlette.testclient import TestClient
 
-import db  # noqa: E402
 from test_dashboard import DEVICE, fill  # noqa: E402  (tests/tuner is on sys.path)
+
+import db  # noqa: E402
 from tuner.dashboard import create_app  # noqa: E402
 
 PARAM = re.compile(r"{([^}:]+)(?::[^}]+)?}")
