@@ -40,7 +40,7 @@ from search import load_program, to_obj  # noqa: E402
 from tuner import api  # noqa: E402
 from tuner.identity import job_key, program_key  # noqa: E402
 from tuner.jobfile import load_job  # noqa: E402
-from tuner.tune import study_name  # noqa: E402
+from tuner.pipeline.tune import study_name  # noqa: E402
 
 PROGRAMS = ("rmsnorm_matmul", "gated_mlp", "lora", "gqa", "qknorm_gqa", "mha", "mqa",
             "ntrans", "softmax_rows", "rmsnorm_residual")

@@ -41,7 +41,7 @@ import db  # noqa: E402
 from search import random_program_doc  # noqa: E402
 from tuner.identity import job_key  # noqa: E402
 from tuner.jobfile import parse_job  # noqa: E402
-from tuner.launch import JobRun  # noqa: E402
+from tuner.pipeline import JobRun  # noqa: E402
 from verifier import well_conditioned  # noqa: E402
 
 
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> dict:
                 continue
             started = started or start_ray(1)  # once, for every program of the run
             runner = JobRun(job, args.db, log=log)
-            runner.tune_deadline = deadline  # the budget, without changing the job's key
+            runner.ctx.tune_deadline = deadline  # the budget, without changing the job's key
             try:
                 result = runner.run()
             except KeyboardInterrupt:

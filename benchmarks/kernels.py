@@ -72,7 +72,7 @@ def winner(structures: Path, name: str, program, device: str = "cpu"):
     written, with the fastest roofline estimate on ``device`` (what ``tuner measure
     --structure best`` and a launch's first study pick), or None."""
     from kernels import rank_structures
-    from tuner.cmd_kernels import _check_inputs, read_structures
+    from tuner.api import check_inputs, read_structures
 
     candidates = [structures / f"{name}.json"] + sorted(structures.glob("*.json"))
     for path in candidates:
@@ -86,7 +86,7 @@ def winner(structures: Path, name: str, program, device: str = "cpu"):
             continue
         found = read_structures(str(path))
         try:
-            _check_inputs(program, found[0]["graph"], str(path))
+            check_inputs(program, found[0]["graph"], str(path))
         except ValueError:
             continue  # found at other shapes
         graphs = [s["graph"] for s in found] + [program.build()]

@@ -164,7 +164,7 @@ def tuner_side(args, program, device, inputs) -> Side | None:
 
     from kernels import rank_structures
     from search import handwritten
-    from tuner.cmd_kernels import read_structures
+    from tuner.api import read_structures
 
     ref = program.build()
     structure, config, source, label = None, None, None, ""

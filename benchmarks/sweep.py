@@ -45,7 +45,7 @@ def candidates(name: str, program, structures: Path | None, device, top: int) ->
     """[(graph, hash, where from)] best first by the roofline estimate on ``device``."""
     from kernels import rank_structures
     from search import handwritten, structural_hash
-    from tuner.cmd_kernels import read_structures
+    from tuner.api import read_structures
 
     found: list[tuple] = []
     path = structures / f"{name}.json" if structures else None
@@ -70,7 +70,7 @@ def candidates(name: str, program, structures: Path | None, device, top: int) ->
 
 def configs(space, rng: random.Random):
     """The AStitch default, its one-parameter moves to the ends, then random legal configs."""
-    from tuner.tune import warm_start
+    from tuner.pipeline.tune import warm_start
 
     seen = []
     for config in warm_start(space):

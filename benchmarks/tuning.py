@@ -4,7 +4,7 @@
    (exhaustive; compiles run two at a time first, then timings one at a time; configs within
    2x of the first pass's best are timed in two more interleaved passes and keep the median:
    single timings here can be 45% off, e.g. mha F=4 g0=8 at 0.78 ms once, 1.45 ms after).  The
-   tuner's own study driver (``tuner.tune.StudyRunner``: AStitch default first, calibrated
+   tuner's own study driver (``tuner.pipeline.tune.StudyRunner``: AStitch default first, calibrated
    roofline skip, duplicates answered from the database) then runs with Optuna's TPE sampler
    against that table replayed (``cluster.ReplayPool``, Kernel Tuner's simulation mode), for
    several seeds, and so does the random sampler.  Reported: the measured trials needed until
@@ -51,7 +51,7 @@ from search import (  # noqa: E402
 )
 from tuner.identity import program_key  # noqa: E402
 from tuner.jobfile import TuningSpec  # noqa: E402
-from tuner.tune import StudyRunner, StudyTask, study_name  # noqa: E402
+from tuner.pipeline.tune import StudyRunner, StudyTask, study_name  # noqa: E402
 
 # CPU-friendly shapes: each kernel runs in well under 10 ms here, so a space of a few
 # hundred configs is measured in minutes.

@@ -10,14 +10,13 @@ for what a database holds).
 from search import BlockGraph, KernelGraph, new_block_graph
 
 from .api import list_programs, load_graph, load_program, program_graph, verify_files
-from .cached import best, load
 from .mirage_compat import KNGraph, bfloat16, float16, float32, new_kernel_graph
-from .status import status
+from .serving import best, load, status
 
 
 def launch(path: str, **kwargs: object) -> object:
-    """Run a job file (``tuner.launch.launch``); imported lazily, it pulls in Ray."""
-    from .launch import launch as _launch
+    """Run a job file (``tuner.pipeline.launch``); imported lazily, it pulls in Ray."""
+    from .pipeline import launch as _launch
 
     return _launch(path, **kwargs)  # type: ignore[arg-type]
 

@@ -103,7 +103,7 @@ def nodes():
 
 
 def _space_device(delay: float | None = None) -> tuple[object, ReplayDevice]:
-    from tuner.replay import replay_device
+    from tuner.pipeline.recorded import replay_device
 
     space = read_kernel_tuner(CONV)
     dev = replay_device(space, str(CONV))
@@ -193,7 +193,7 @@ def test_a_cpu_pool_takes_one_slot_on_each_cpu_node_of_one_device_key(nodes) -> 
 
 def test_a_replay_launch_on_the_cluster_spreads_trials_over_the_gpu_slots(
         nodes, tmp_path: Path) -> None:
-    from tuner.launch import launch
+    from tuner.pipeline import launch
 
     job = tmp_path / "replay.yaml"
     job.write_text(f"programs:\n  - kernel_tuner: {CONV}\ndevices: [replay]\n"
@@ -266,9 +266,9 @@ def test_a_node_removed_mid_tuning_loses_no_trial(nodes, tmp_path: Path) -> None
     stored as node_lost), and the study measures all it was asked to."""
     from tuner.identity import space_identity
     from tuner.jobfile import TuningSpec
-    from tuner.launch import optuna_storage
-    from tuner.replay import ReplayStudyRunner, config_space_of
-    from tuner.tune import StudyTask, study_name
+    from tuner.pipeline import optuna_storage
+    from tuner.pipeline.recorded import ReplayStudyRunner, config_space_of
+    from tuner.pipeline.tune import StudyTask, study_name
 
     c, _ = nodes
     extra = c.add_node(num_cpus=0, num_gpus=2, resources={"node_c": 1})
@@ -356,8 +356,8 @@ def test_a_node_lost_mid_launch_stores_every_trial_once(nodes, tmp_path: Path) -
     status), and `tuner status` shows the job finished."""
     import sqlite3
 
-    from tuner.launch import launch
-    from tuner.status import status
+    from tuner.pipeline import launch
+    from tuner.serving import status
 
     c, ids = nodes
     extra = c.add_node(num_cpus=0, num_gpus=2, resources={"node_c": 1},
@@ -425,7 +425,7 @@ def test_a_driver_killed_on_the_cluster_resumes_with_nothing_lost(nodes, tmp_pat
 
     from support import REPO, TUNER, write_job
 
-    from tuner.launch import launch
+    from tuner.pipeline import launch
 
     c, ids = nodes
     job = write_job(tmp_path, trials=6, structures=2)

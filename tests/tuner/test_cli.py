@@ -248,8 +248,8 @@ def test_console_command_in_a_subprocess(graphs, tmp_path):
 def test_times_and_progress_lines_read_as_they_did(capsys):
     """One formatter and one progress class print every command's times and progress lines,
     word for word what each command printed before (the lines of README's `make demo`)."""
-    from tuner._console import Progress
-    from tuner.cmd_search import SEARCH_LINE
+    from tuner.cli._console import Progress
+    from tuner.cli.search import SEARCH_LINE
     from tuner.formatting import ms
 
     assert (ms(1.6e-5), ms(None), ms(float("nan"))) == ("0.016 ms", "-", "-")

@@ -23,7 +23,7 @@ from support import MALFORMED, TUNER, run_cli, write_job
 
 import db
 import tuner
-from tuner.confirm import TIMINGS
+from tuner.pipeline.confirm import TIMINGS
 from verifier import DEFAULT_TESTS, equivalent
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,7 +139,7 @@ def test_a_structure_is_stored_with_the_verification_the_search_ran() -> None:
     """The provenance stored with a structure is what the search did (no literals): running
     the check it describes (tests, instance shapes, symbol binding) verifies it again."""
     from search import handwritten
-    from tuner.launch import VERIFY_TESTS, small_instance_shapes, structure_verification
+    from tuner.pipeline import VERIFY_TESTS, small_instance_shapes, structure_verification
 
     program = tuner.load_program("rmsnorm_matmul", {"X": (16, 256), "W": (256, 256)})
     structure = handwritten(program)
@@ -254,7 +254,7 @@ _OPEN = """
 import os, sys, time
 from pathlib import Path
 import db
-from tuner.launch import optuna_storage
+from tuner.pipeline import optuna_storage
 url, here = sys.argv[1], Path(sys.argv[2])
 (here / f"ready-{os.getpid()}").touch()
 while not (here / "go").exists():
@@ -370,7 +370,7 @@ def test_a_cluster_without_gpus_is_refused_before_the_database(tmp_path: Path) -
     """With --address the GPUs are the cluster's: JobRun.run joins Ray and runs this check
     before it opens the database; a cluster without GPUs is an input error (exit 2)."""
     from cluster import start_ray, stop_ray
-    from tuner.launch import InputError, check_cluster_gpus
+    from tuner.pipeline import InputError, check_cluster_gpus
 
     started = start_ray(1)
     try:

@@ -21,7 +21,7 @@ from kernels import config_space, estimate, legal, local_cpu_spec
 from search import handwritten, load_program, to_obj
 from tuner.identity import program_key
 from tuner.jobfile import TuningSpec
-from tuner.tune import Codec, StudyRunner, StudyTask, warm_start
+from tuner.pipeline.tune import Codec, StudyRunner, StudyTask, warm_start
 
 SHAPES = {"X": "16x256", "W": "256x256"}
 
@@ -174,7 +174,7 @@ def test_the_roofline_skips_nothing_before_a_few_configs_are_measured(
     timing calibrates the bound so that no other config looks able to win; the study still
     measures SKIP_AFTER configs before it trusts the estimate's order (it used to measure one
     config of a 5-trial study)."""
-    import tuner.tune as tune
+    import tuner.pipeline.tune as tune
 
     _, _, structure = rmsnorm_matmul
     space = config_space(structure, "cpu")
@@ -198,7 +198,7 @@ def test_the_roofline_skips_nothing_before_a_few_configs_are_measured(
 def test_confirmation_replaces_a_lucky_first_timing(tmp_path, rmsnorm_matmul) -> None:
     """The fastest first timing, slower on its re-runs, loses to the next config's steady
     median; the best row says so, and confirming again re-times nothing."""
-    from tuner.confirm import TIMINGS, confirm
+    from tuner.pipeline.confirm import TIMINGS, confirm
 
     database, pool, task, storage, key = _setup(tmp_path, rmsnorm_matmul)
     _runner(database, storage, pool, 8).run(task, key.program_hash)

@@ -21,7 +21,7 @@ import db
 if TYPE_CHECKING:
     from cluster import SlotPool
 
-    from .identity import ProgramKey
+    from ..identity import ProgramKey
 
 TIMINGS = 3  # per confirmed config: the study's timing and two re-runs
 

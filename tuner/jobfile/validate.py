@@ -11,22 +11,13 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from search import (
-    BLOCK,
-    COMPUTE_OPS,
-    DEFAULT_BLOCK_OPS,
-    DEFAULT_KERNEL_OPS,
-    KERNEL,
-    OPS,
-    Limits,
     Program,
     ProgramError,
     builtin_names,
@@ -35,119 +26,24 @@ from search import (
     parse_program,
 )
 
-if TYPE_CHECKING:
-    import optuna
+from ..samplers.registry import SAMPLERS, unknown_sampler
+from ._nodes import NodeReader, Pairs
+from .schema import (
+    BLOCK_LEVEL_OPS,
+    DEFAULT_URL,
+    ENTRY_KEYS,
+    KERNEL_LEVEL_OPS,
+    TOP_KEYS,
+    ClusterSpec,
+    DatabaseSpec,
+    JobError,
+    JobSpec,
+    ProgramEntry,
+    SearchSpec,
+    TuningSpec,
+)
 
-TOP_KEYS = ("programs", "search", "tuning", "devices", "cluster", "database")
-ENTRY_KEYS = ("name", "file", "program", "kernel_tuner", "set")
-# Config spaces are small sets of discrete choices, so only samplers that handle categorical
-# parameters without extra packages are offered; "grid" tries every config once.
-SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "BruteForceSampler",
-            # the learned cost model's ranking (tuner/_model_sampler.py); a device without a
-            # trained model falls back to TPE, and the launch says so
-            "model": "ModelSampler"}
-_SAMPLER_HINTS = {
-    "cmaes": "CMA-ES needs continuous parameters and the cmaes package",
-    "gp": "the Gaussian-process sampler needs torch and scipy",
-    "qmc": "the quasi-Monte-Carlo sampler needs scipy and numeric parameters",
-    "bruteforce": "it is called grid here",
-}
-KERNEL_LEVEL_OPS = tuple(n for n in COMPUTE_OPS if KERNEL in OPS[n].levels)
-BLOCK_LEVEL_OPS = tuple(n for n in OPS if BLOCK in OPS[n].levels
-                        and n not in ("input", "output", "graph_kernel"))
-DEFAULT_URL = "sqlite:///./tuner.db"  # db.DEFAULT_URL, without importing db
 _DEVICE = re.compile(r"cpu|cuda|cuda:\d+|replay")
-
-
-class JobError(ValueError):
-    """A job file is malformed: ``FILE:LINE: key.path: what is wrong; how to fix``."""
-
-    def __init__(self, file: str, line: int | None, key: str, reason: str) -> None:
-        self.file, self.line, self.key, self.reason = file, line, key, reason
-        where = f"{file}:{line}" if line else file
-        super().__init__(" ".join(f"{where}: {key}: {reason}".split()))
-
-
-@dataclass(frozen=True)
-class ProgramEntry:
-    """One program of the job, overrides applied; ``line`` is its line in the job file."""
-
-    program: Program | None  # None for a Kernel Tuner space (``space``)
-    kind: str  # "builtin" | "file" | "inline" | "kernel_tuner"
-    ref: str  # the built-in name, the resolved file path, or "inline"
-    overrides: dict[str, Any]
-    line: int
-    space: Any = None  # costmodel.KernelTunerSpace of a ``kernel_tuner:`` entry
-
-    @property
-    def name(self) -> str:
-        return self.space.kernel if self.program is None else self.program.name
-
-
-@dataclass(frozen=True)
-class SearchSpec:
-    """The ``search`` section; defaults are search.enumerate.Limits'."""
-
-    max_kernel_ops: int = Limits.max_kernel_ops
-    max_block_ops: int = Limits.max_block_ops
-    max_block_inputs: int | None = Limits.max_block_inputs  # None: max(3, program inputs)
-    max_grid_dims: int = Limits.max_grid_dims
-    block_ops: tuple[str, ...] = DEFAULT_BLOCK_OPS
-    kernel_ops: tuple[str, ...] = DEFAULT_KERNEL_OPS
-    time_limit_s: float | None = None
-
-    def limits(self) -> Limits:
-        return Limits(**asdict(self))
-
-
-@dataclass(frozen=True)
-class TuningSpec:
-    """The ``tuning`` section: one Optuna study per (structure, device)."""
-
-    trials_per_structure: int = 30
-    structures: int = 3  # the best-ranked verified structures of each program that are tuned
-    time_budget_s: float | None = None
-    trial_timeout_s: float = 60.0  # a candidate running longer is stopped: status timeout
-    confirm: int = 3  # the fastest configs per program × device timed twice more (0: none)
-    sampler: str = "tpe"
-    seed: int | None = None
-
-    def make_sampler(self) -> optuna.samplers.BaseSampler:
-        """A fresh Optuna sampler of the chosen kind (imported lazily: optuna is slow)."""
-        import optuna
-
-        with warnings.catch_warnings():  # BruteForceSampler is flagged experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            if self.sampler in ("tpe", "model"):  # model: TPE where no model is trained
-                # joint model of the parameters (grid sizes and loop steps interact) after 5
-                # startup trials, the AStitch default among them: on replayed exhaustive cpu
-                # tables this reached 5% of the best in fewer trials than the default TPE
-                # (median 7% vs 11% of the space on rmsnorm_matmul, 10% vs 13% on lora)
-                return optuna.samplers.TPESampler(seed=self.seed, multivariate=True,
-                                                  n_startup_trials=5)
-            return getattr(optuna.samplers, SAMPLERS[self.sampler])(seed=self.seed)
-
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    address: str | None = None  # None: start an embedded Ray
-    workers: int = 1
-
-
-@dataclass(frozen=True)
-class DatabaseSpec:
-    url: str = DEFAULT_URL
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    source: str
-    programs: tuple[ProgramEntry, ...]
-    search: SearchSpec = field(default_factory=SearchSpec)
-    tuning: TuningSpec = field(default_factory=TuningSpec)
-    devices: tuple[str, ...] = ("cpu",)
-    cluster: ClusterSpec = field(default_factory=ClusterSpec)
-    database: DatabaseSpec = field(default_factory=DatabaseSpec)
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -170,78 +66,8 @@ def parse_job(text: str, source: str = "<string>", base_dir: str | Path | None =
     return _Parser(text, source, Path(base_dir)).job()
 
 
-_Pairs = dict[str, tuple[yaml.Node, yaml.Node]]
-
-
-class _Parser:
-    def __init__(self, text: str, source: str, base_dir: Path) -> None:
-        self.text, self.source, self.base_dir = text, source, base_dir
-        self.loader = yaml.SafeLoader(text)
-
-    # --- node helpers --------------------------------------------------------------------
-
-    def fail(self, node: yaml.Node | None, key: str, reason: str) -> JobError:
-        return JobError(self.source, node.start_mark.line + 1 if node else 1, key, reason)
-
-    def value(self, node: yaml.Node) -> Any:
-        return self.loader.construct_document(node)
-
-    @staticmethod
-    def is_null(node: yaml.Node) -> bool:
-        return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
-
-    def mapping(self, node: yaml.Node, path: str, keys: tuple[str, ...] | None,
-                what: str) -> _Pairs:
-        """Key → (key node, value node); unknown and duplicate keys are errors."""
-        if self.is_null(node):
-            return {}
-        if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, path, f"{what} must be a mapping"
-                            + (f" with keys {', '.join(keys)}" if keys else "")
-                            + "; write 'key: value' lines indented under it")
-        self.loader.flatten_mapping(node)
-        pairs: _Pairs = {}
-        for k, v in node.value:
-            name = k.value if isinstance(k, yaml.ScalarNode) else None
-            sub = f"{path}.{name}" if path else str(name)
-            if not isinstance(name, str) or not name:
-                raise self.fail(k, path or "job", "keys must be plain names; remove this key")
-            if name in pairs:
-                raise self.fail(k, sub, f"duplicate key (first on line "
-                                f"{pairs[name][0].start_mark.line + 1}); keep one of them")
-            if keys is not None and name not in keys:
-                close = difflib.get_close_matches(name, keys, n=1)
-                raise self.fail(k, sub, "unknown key; " + (f"did you mean {close[0]!r}? " if
-                                close else "") + f"{what} takes {', '.join(keys)}")
-            pairs[name] = (k, v)
-        return pairs
-
-    def integer(self, node: yaml.Node, path: str, lo: int, hi: int | None = None,
-                null: bool = False) -> int | None:
-        v = self.value(node)
-        if v is None and null:
-            return None
-        if type(v) is not int or v < lo or (hi is not None and v > hi):
-            span = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
-            raise self.fail(node, path, f"got {v!r}; write a whole number {span}"
-                            + (" (or null)" if null else ""))
-        return v
-
-    def seconds(self, node: yaml.Node, path: str) -> float | None:
-        v = self.value(node)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                or v <= 0:
-            raise self.fail(node, path, f"got {v!r}; write a number of seconds > 0, or null "
-                            "for no limit")
-        return float(v)
-
-    def string(self, node: yaml.Node, path: str, hint: str) -> str:
-        v = self.value(node)
-        if not isinstance(v, str) or not v.strip():
-            raise self.fail(node, path, f"got {v!r}; {hint}")
-        return v.strip()
+class _Parser(NodeReader):
+    """The sections of a job file, each checked at its node."""
 
     # --- sections ------------------------------------------------------------------------
 
@@ -294,7 +120,7 @@ class _Parser:
         )
 
     def check_replay(self, programs: tuple[ProgramEntry, ...], devices: tuple[str, ...],
-                     top: _Pairs) -> None:
+                     top: Pairs) -> None:
         """Kernel Tuner spaces run only on ``replay``; ``replay`` runs only them."""
         spaces = [i for i, e in enumerate(programs) if e.kind == "kernel_tuner"]
         node = top["programs"][1]
@@ -328,7 +154,7 @@ class _Parser:
             p = entry.program
             if p is None:
                 sp = entry.space
-                key = ("kernel_tuner", sp.kernel, sp.device, sp.problem_size)
+                key: tuple = ("kernel_tuner", sp.kernel, sp.device, sp.problem_size)
                 if key in seen:
                     raise self.fail(item, f"programs[{i}]", f"{sp.kernel} on {sp.device} is "
                                     f"already programs[{seen[key]}]; list each cache once")
@@ -498,10 +324,9 @@ class _Parser:
 
     def sampler(self, node: yaml.Node, path: str) -> str:
         name = self.string(node, path, "write one of " + ", ".join(SAMPLERS)).lower()
-        if name not in SAMPLERS:
-            hint = _SAMPLER_HINTS.get(name)
-            raise self.fail(node, path, f"unknown sampler {name!r}" + (f" ({hint})" if hint
-                            else "") + "; use one of " + ", ".join(SAMPLERS))
+        why = unknown_sampler(name)
+        if why is not None:
+            raise self.fail(node, path, why)
         return name
 
     def devices(self, node: yaml.Node | None) -> tuple[str, ...]:

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 from importlib import import_module
 
-from . import api
+from .. import api
 
-COMMAND_MODULES = ("tuner.cmd_search", "tuner.cmd_kernels", "tuner.cmd_launch",
-                   "tuner.cmd_model", "tuner.dashboard.cli")
+COMMAND_MODULES = ("tuner.cli.search", "tuner.cli.kernels", "tuner.cli.jobs",
+                   "tuner.cli.model", "tuner.dashboard.cli")
 
 
 def cmd_programs(args: argparse.Namespace) -> int:
@@ -110,7 +110,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

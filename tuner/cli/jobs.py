@@ -8,12 +8,15 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from ..api import InputError, parse_pairs
+from ..formatting import config_text, ms
 from ._console import Progress
-from .api import InputError, parse_pairs
-from .formatting import config_text, ms
 
 if TYPE_CHECKING:
-    from .launch import LaunchResult
+    import db
+    from search import Program
+
+    from ..pipeline import LaunchResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,9 +83,10 @@ def format_summary(result: LaunchResult) -> str:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from .launch import JobRun, prepare
+    from ..pipeline import JobRun, prepare
 
-    job, url = prepare(args.job, args.db, args.resume, args.address)  # nothing written before this passes
+    # nothing is written before this passes
+    job, url = prepare(args.job, args.db, args.resume, args.address)
     progress = Progress(enabled=not (args.quiet or args.json))
     try:
         result = JobRun(job, url, address=args.address, log=progress.log,
@@ -113,7 +117,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     import db
     from search import load_program
 
-    from .cached import best, launch_hint, tuned_best
+    from ..serving import best, launch_hint, tuned_best
 
     program = load_program(args.program, parse_pairs(args.set))
     with db.connect(args.db, migrate_schema=False) as database:
@@ -162,30 +166,16 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: object
-                           ) -> tuple[object, object]:
+def _best_at_stored_shapes(args: argparse.Namespace, program: Program, database: db.Database
+                           ) -> tuple[Program, db.BestKernel | None]:
     """``tuner best NAME`` without ``--set`` when nothing is stored at the default shapes:
     the best kernel at the only shapes the database holds the program at (saying so on
     stderr), or an error listing the shapes it holds with the ``--set`` line of each."""
-    from search import load_program
+    from ..serving import bests_at_stored_shapes
 
-    from .cached import best
-
-    found = []
-    for summary in database.programs():
-        shapes = json.loads(summary.shapes_key)
-        if summary.name != program.name or summary.dtype != program.dtype \
-                or not isinstance(shapes, dict):
-            continue
-        sets = {k: "x".join(map(str, v)) for k, v in shapes.items()}
-        try:
-            candidate = load_program(args.program, sets)
-        except Exception:  # shapes this program file no longer accepts
-            continue
-        record = best(candidate, device=args.device, database=database)
-        if record is not None:
-            found.append((candidate, record, " ".join(f"--set {k}={v}" for k, v in
-                                                      sets.items())))
+    found = [(candidate, record, " ".join(f"--set {k}={v}" for k, v in sets.items()))
+             for candidate, record, sets in bests_at_stored_shapes(args.program, program,
+                                                                   database, args.device)]
     if len(found) == 1:
         candidate, record, line = found[0]
         print(f"tuner best: nothing stored for {program.name} at its default shapes; the "
@@ -203,7 +193,7 @@ def _best_at_stored_shapes(args: argparse.Namespace, program: object, database: 
 def cmd_status(args: argparse.Namespace) -> int:
     import time
 
-    from .status import as_json, format_status, status
+    from ..serving.status import as_json, format_status, status
 
     if args.watch is not None and not args.watch > 0:
         raise InputError(f"--watch {args.watch:g}: give the seconds between updates, > 0")

@@ -1,7 +1,8 @@
 """What the commands print while they work: progress on stderr.
 
-``Progress`` is the one progress display: a tqdm bar per phase when stderr is a terminal, plain lines
-otherwise (logs, CI, a pipe), nothing when disabled (``--json``, ``--quiet``).
+``Progress`` is the one progress display: a tqdm bar per phase when stderr is a terminal,
+plain lines otherwise (logs, CI, a pipe), nothing when disabled (``--json``, ``--quiet``).
+Times and configs are written by ``tuner.formatting``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .formatting import config_text, ms
+from ..formatting import config_text, ms
 
 if TYPE_CHECKING:
     from tqdm import tqdm

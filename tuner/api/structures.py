@@ -1,49 +1,29 @@
-"""``tuner codegen`` and ``tuner measure``: a fused structure's source, and its speed.
+"""Fused structures for one program: which one (``--structure``), its config, its plan.
 
-Both commands pick a structure the same way (``--structure``): ``best`` is the top result of a
-search output given with ``--structures FILE`` (the hand-written structure when none is
-given), ``handwritten`` the expert's structure, a hex prefix looks a structure hash up in the
-search output, anything else is a µGraph JSON file or a search output file.  A config binds
-the structure's symbols; whatever it leaves out comes from the AStitch default
-(``kernels.default_config``), and the config actually used is reported on stderr.
+``tuner codegen`` and ``tuner measure`` pick a structure the same way: ``best`` is the top
+result of a search output (the hand-written structure when none is given), ``handwritten``
+the expert's structure, a hex prefix looks a structure hash up in the search output, anything
+else is a µGraph JSON file or a search output file.  A config binds the structure's symbols;
+whatever it leaves out comes from the AStitch default (``kernels.default_config``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from search import (
-    GraphFormatError,
-    KernelGraph,
-    Program,
-    from_obj,
-    handwritten,
-    load_program,
-    structural_hash,
-)
+from search import GraphFormatError, KernelGraph, Program, from_obj, handwritten, structural_hash
 
-from .api import InputError, parse_config, parse_pairs
-from .formatting import ms
+from .programs import InputError
 
 if TYPE_CHECKING:
     from kernels import DeviceSpec, KernelPlan
 
-GPUS = ("H100", "A100", "H200")
 _HEX = re.compile(r"^[0-9a-fA-F]{4,64}$")
-
-
-# Bad input raises tuner.api.InputError: the CLI prints it as one line and exits 2.
-
-
-# ---------------------------------------------------------------- structures
 
 
 @dataclass(frozen=True)
@@ -89,7 +69,8 @@ def read_structures(path: str) -> list[FoundStructure]:
     return [FoundStructure(graph, structural_hash(graph))]
 
 
-def _check_inputs(program: Program, graph: KernelGraph, what: str) -> None:
+def check_inputs(program: Program, graph: KernelGraph, what: str) -> None:
+    """``graph`` (named ``what`` in the error) takes ``program``'s input shapes."""
     want = [tuple(s) for s in program.inputs.values()]
     got = [tuple(graph.tensors[t].shape) for t in graph.input_ids]
     if want != got:
@@ -111,11 +92,11 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
 
     if choice == "handwritten" or (choice == "best" and not structures):
         return hand(), f"hand-written structure of {program.name}"
-    if choice == "best":
+    if choice == "best" and structures:
         from kernels import rank_structures
 
         found = read_structures(structures)
-        _check_inputs(program, found[0].graph, structures)  # one search: one set of shapes
+        check_inputs(program, found[0].graph, structures)  # one search: one set of shapes
         graphs = [s.graph for s in found] + [program.build()]
         first = rank_structures(graphs, device)[0]
         if first == len(found):
@@ -141,7 +122,7 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
     else:
         raise InputError(f"--structure {choice}: not best, handwritten, a hash prefix or an "
                          "existing file")
-    _check_inputs(program, top.graph, what)
+    check_inputs(program, top.graph, what)
     return top.graph, what
 
 
@@ -173,102 +154,12 @@ def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
     return merged
 
 
-def _lower(structure: KernelGraph, config: Mapping[str, int], device: str | DeviceSpec,
+def lower_plan(structure: KernelGraph, config: Mapping[str, int], device: str | DeviceSpec,
            name: str) -> KernelPlan:
+    """``kernels.lower`` with a config it refuses said as an ``InputError``."""
     from kernels import lower
 
     try:
         return lower(structure, config, device, name)
     except (ValueError, NotImplementedError) as err:  # ShapeError and config errors
         raise InputError(f"config {dict(config)}: {err}") from None
-
-
-def _prepare(args: argparse.Namespace, device: str | DeviceSpec
-             ) -> tuple[Program, KernelGraph, dict[str, int], KernelPlan]:
-    """(program, structure, config, plan); says on stderr which structure and config."""
-    program = load_program(args.program, parse_pairs(args.set, "--set"))
-    structure, what = resolve_structure(program, args.structure, args.structures, device)
-    config = resolve_config(structure, parse_config(args.config), device)
-    plan = _lower(structure, config, device, program.name)  # config errors: exit 2
-    print(f"# {what}; config {' '.join(f'{k}={v}' for k, v in config.items()) or '(none)'}",
-          file=sys.stderr)
-    return program, structure, config, plan
-
-
-# ---------------------------------------------------------------- commands
-
-
-def cmd_codegen(args: argparse.Namespace) -> int:
-    from kernels import render
-
-    device = "cpu" if args.target == "cpp" else args.gpu
-    _, _, _, plan = _prepare(args, device)
-    print(render(plan, args.target), end="")
-    if args.plan:
-        print(plan.summary(), file=sys.stderr)
-    return 0
-
-
-def cmd_measure(args: argparse.Namespace) -> int:
-    from kernels import cuda_available, cuda_device_spec, measure_program
-
-    timing = {"budget_s": args.budget}
-    if args.device == "cuda":
-        ok, reason = cuda_available()
-        if not ok:
-            raise InputError(f"--device cuda: no usable GPU ({reason}); use --device cpu")
-    program, structure, config, _ = _prepare(
-        args, cuda_device_spec() if args.device == "cuda" else "cpu")
-    m = measure_program(program, structure, config, device=args.device, timing=timing)
-    if args.json:
-        print(json.dumps(m.as_dict(), indent=2))
-    else:
-        rows = [("program", m.program), ("device", m.device), ("status", m.status),
-                ("kernel", ms(m.kernel_s, spec=".4g")), ("baseline", ms(m.baseline_s, spec=".4g")
-                                                   + " (reference op by op)"),
-                ("speedup", "-" if math.isnan(m.speedup) else f"{m.speedup:.2f}x"),
-                ("max error", "-" if math.isnan(m.max_error) else f"{m.max_error:.3g}"),
-                ("bandwidth", "-" if math.isnan(m.achieved_gbs) else
-                 f"{m.achieved_gbs:.1f} GB/s ({m.fraction_of_copy:.0%} of "
-                 f"{m.copy_gbs:.1f} GB/s)"),
-                ("kernels", str(m.kernels))]
-        for key, value in rows:
-            print(f"{key:<10} {value}")
-        if m.message:
-            print(f"message    {m.message}")
-    return 0 if m.status == "ok" else 1
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("program", metavar="PROGRAM", help="built-in name or program file")
-    p.add_argument("--set", action="append", metavar="NAME=VALUE",
-                   help="override a parameter (batch=8) or an input shape (X=16x1024)")
-    p.add_argument("--structure", default="best", metavar="best|handwritten|HASH|FILE",
-                   help="which fused structure (default best: the structure of --structures, "
-                        "or the program as written, with the fastest roofline estimate on the "
-                        "device; without --structures the hand-written one)")
-    p.add_argument("--structures", metavar="FILE",
-                   help="a search output (JSON with a 'structures' list) for best / HASH")
-    p.add_argument("--config", action="append", metavar="K=V",
-                   help="bind a symbol (g0=64) or a mapping knob (block, lanes, split, vpack); "
-                        "the rest comes from the AStitch default")
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``codegen`` and ``measure`` to the ``tuner`` subcommands."""
-    p = sub.add_parser("codegen", help="print the CUDA or C++ source of a fused structure")
-    _common(p)
-    p.add_argument("--target", choices=("cuda", "cpp"), default="cuda",
-                   help="CUDA (default) or C++/OpenMP for the local CPU")
-    p.add_argument("--gpu", choices=GPUS, default="H100",
-                   help="GPU whose limits shape the CUDA plan (default %(default)s)")
-    p.add_argument("--plan", action="store_true", help="also print the plan summary on stderr")
-    p.set_defaults(func=cmd_codegen)
-
-    p = sub.add_parser("measure", help="time a fused kernel against the op-by-op baseline")
-    _common(p)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--budget", type=float, default=1.0, metavar="SECONDS",
-                   help="timing budget per side (default %(default)s s)")
-    p.add_argument("--json", action="store_true", help="print the measurement as JSON")
-    p.set_defaults(func=cmd_measure)

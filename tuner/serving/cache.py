@@ -17,8 +17,8 @@ from typing import Any
 import db
 from search import Program, from_obj, load_program
 
-from .api import InputError
-from .identity import program_key
+from ..api import InputError
+from ..identity import program_key
 
 
 def resolve_device_key(device: str | None) -> str | None:
@@ -72,6 +72,30 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
     if record is None:
         raise InputError(launch_hint(prog.name, prog.inputs))
     return kernel_from_record(record, prog.name)
+
+
+def bests_at_stored_shapes(spec: str, program: Program, database: db.Database,
+                           device: str | None = None
+                           ) -> list[tuple[Program, db.BestKernel, dict[str, str]]]:
+    """The best kernel of the program ``spec`` (loaded as ``program``) at each shapes the
+    database holds it at: (the program at those shapes, its best, the ``--set`` values)."""
+    import json
+
+    found = []
+    for summary in database.programs():
+        shapes = json.loads(summary.shapes_key)
+        if summary.name != program.name or summary.dtype != program.dtype \
+                or not isinstance(shapes, dict):
+            continue
+        sets = {k: "x".join(map(str, v)) for k, v in shapes.items()}
+        try:
+            candidate = load_program(spec, sets)
+        except Exception:  # shapes this program file no longer accepts
+            continue
+        record = best(candidate, device=device, database=database)
+        if record is not None:
+            found.append((candidate, record, sets))
+    return found
 
 
 def tuned_best(database: db.Database, program_hash: str, shapes: Any, dtype: str,

@@ -1,8 +1,8 @@
-"""Replay launches: a Kernel Tuner space tuned on the ``replay`` device through the launch.
+"""Recorded spaces: a Kernel Tuner space tuned on the ``replay`` device through the launch.
 
 A job entry ``{kernel_tuner: FILE.json.gz}`` with ``devices: [replay]`` runs no search: the
 space is the cache's parameters (every value each one takes in the file), the study driver of
-``tuner.tune`` asks Optuna for configs, and each trial is answered from the file by a
+``tuner.pipeline.tune`` asks Optuna for configs, and each trial is answered from the file by a
 ``kernels.ReplayDevice`` held in a measurement slot that takes a GPU like ``cuda`` does (one
 slot per GPU the Ray cluster declares, trials in parallel across them).  A config absent from
 the file is an invalid trial (not stored, as a config that does not lower); one that failed
@@ -18,18 +18,21 @@ import json
 import math
 import time
 from collections import Counter
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import db
 from kernels import ConfigSpace, DeviceSpec, ReplayDevice
 
-from .identity import space_identity
+from ..formatting import ms
+from ..identity import space_identity
+from .base import ProgramPipeline
+from .report import ProgramReport
 from .tune import StudyRunner, StudyTask, study_name
 
 if TYPE_CHECKING:
+    from cluster import SlotPool
     from costmodel import KernelTunerSpace
-
-    from .jobfile import ProgramEntry
 
 # Kernel Tuner's failure markers -> measurement statuses (as ``tuner import kernel-tuner``)
 KT_STATUS = {"CompilationFailedConfig": "compile_error", "RuntimeFailedConfig": "runtime_error",
@@ -97,57 +100,68 @@ class ReplayStudyRunner(StudyRunner):
         return None
 
 
-def run_replay(run: Any, database: db.Database, entry: ProgramEntry, storage: Any,
-               timings: dict[str, Any], report: type) -> list:
-    """Tune one Kernel Tuner space on the replay device (see the module docstring).
+class RecordedSpacePipeline(ProgramPipeline):
+    """A Kernel Tuner space (``{kernel_tuner: FILE}``) tuned on the replay device."""
 
-    ``run``: the ``tuner.launch.JobRun``; ``report``: its ``ProgramReport`` class (passed in:
-    this module does not import ``tuner.launch``, which imports it)."""
-    from cluster import SlotPool
+    def prepare(self, database: db.Database, job_id: int) -> None:
+        from costmodel import KT_DTYPE
 
-    space = entry.space
-    program, phash = space_identity(space)
-    shapes = {"problem_size": list(space.problem_size)}
-    from costmodel import KT_DTYPE
+        space = self.entry.space
+        self.program, self.phash = space_identity(space)
+        self.shapes = {"problem_size": list(space.problem_size)}
+        pid = database.record_program(self.phash, self.shapes, KT_DTYPE, space.kernel,
+                                      self.program)
+        self.structure_id = database.record_structure(
+            pid, self.phash, self.program,
+            {"layer": "replay", "verdict": "recorded",
+             "note": f"Kernel Tuner cache {self.entry.ref}"}, 1)
 
-    pid = database.record_program(phash, shapes, KT_DTYPE, space.kernel, program)
-    sid = database.record_structure(pid, phash, program,
-                                    {"layer": "replay", "verdict": "recorded",
-                                     "note": f"Kernel Tuner cache {entry.ref}"}, 1)
-    slots, resources = replay_slots()
-    t0 = time.perf_counter()
-    pool = SlotPool(replay_device(space, entry.ref), slots, resources=resources)
-    try:
-        run.log(f"{space.kernel}: Kernel Tuner space of {len(space.configs)} configs on "
-                f"{space.device}, replayed on {slots} slot(s) over "
-                f"{len({n for _, n in pool.placement()})} node(s)")
-        rep = report(space.kernel, shapes, pool.key, structures_found=1)
-        tuning = run.job.tuning
+    def devices(self, pools: dict[str, SlotPool]
+                ) -> Generator[tuple[str, SlotPool], None, None]:
+        """Its own pool: slots answering from the file, one per GPU of the cluster."""
+        from cluster import SlotPool
+
+        space = self.entry.space
+        self.slots, resources = replay_slots()
+        self.t0 = time.perf_counter()
+        pool = SlotPool(replay_device(space, self.entry.ref), self.slots, resources=resources)
+        try:
+            self.ctx.log(f"{space.kernel}: Kernel Tuner space of {len(space.configs)} configs "
+                         f"on {space.device}, replayed on {self.slots} slot(s) over "
+                         f"{len({n for _, n in pool.placement()})} node(s)")
+            yield "replay", pool
+        finally:
+            pool.close()
+
+    def tune(self, database: db.Database, storage: Any, pool: SlotPool) -> ProgramReport:
+        from costmodel import KT_DTYPE
+
+        space, phash, program = self.entry.space, self.phash, self.program
+        rep = ProgramReport(space.kernel, self.shapes, pool.key, structures_found=1)
+        tuning = self.ctx.job.tuning
         runner = ReplayStudyRunner(database, storage, tuning.make_sampler, pool,
                                    trials=tuning.trials_per_structure, seed=tuning.seed or 0,
-                                   deadline=run._deadline(),
+                                   deadline=self.ctx.deadline(),
                                    timeout_s=tuning.trial_timeout_s or 60.0,
-                                   on_trial=run._trial_progress(space.kernel))
-        cspace = config_space_of(space)
-        task = StudyTask(space.kernel, sid, phash, None, program, program, cspace, pool.key,
-                         pool.spec, study_name(space.kernel, phash, db.shapes_key(shapes),
-                                               phash, pool.key))
-        outcome = runner.run(task, phash)
-        run._merge(rep, outcome)
+                                   on_trial=self.ctx.trial_progress(space.kernel))
+        task = StudyTask(space.kernel, self.structure_id, phash, None, program, program,
+                         config_space_of(space), pool.key, pool.spec,
+                         study_name(space.kernel, phash, db.shapes_key(self.shapes), phash,
+                                    pool.key))
+        rep.merge(runner.run(task, phash))
         rep.structures_tuned = 1
-        best = database.best_kernel(phash, shapes, KT_DTYPE, pool.key)
+        best = database.best_kernel(phash, self.shapes, KT_DTYPE, pool.key)
         if best is not None:
             rep.best_s, rep.best_structure, rep.best_config = (best.time_s,
                                                                best.structure_hash, best.config)
-        rep.tune_s = time.perf_counter() - t0
-        timings[f"{space.kernel}@{pool.key}"] = {"tune_s": round(rep.tune_s, 3),
-                                                 "slots": slots,
-                                                 "replaced_slots": pool.replaced}
-        fails = Counter({k: v for k, v in rep.statuses.items() if k != "ok"})
-        run.log(f"{space.kernel} on {pool.key}: {rep.trials} trial(s), best "
-                f"{'-' if rep.best_s is None else f'{rep.best_s * 1e3:.3f} ms'}"
-                + (f"; failed: {dict(fails)}" if fails else ""))
-        return [rep]
-    finally:
-        pool.close()
+        rep.tune_s = time.perf_counter() - self.t0
+        return rep
 
+    def report(self, device: str, pool: SlotPool, rep: ProgramReport
+               ) -> tuple[str, dict[str, Any]]:
+        fails = Counter({k: v for k, v in rep.statuses.items() if k != "ok"})
+        self.ctx.log(f"{rep.program} on {pool.key}: {rep.trials} trial(s), best "
+                     f"{ms(rep.best_s)}" + (f"; failed: {dict(fails)}" if fails else ""))
+        return f"{rep.program}@{pool.key}", {"tune_s": round(rep.tune_s, 3),
+                                             "slots": self.slots,
+                                             "replaced_slots": pool.replaced}

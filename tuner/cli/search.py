@@ -9,8 +9,8 @@ import time
 from cluster import SearchResult, search_program
 from search import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits, load_program
 
+from ..api import InputError, parse_pairs
 from ._console import Progress
-from .api import InputError, parse_pairs
 
 # the progress line of `tuner search` (`tuner launch` leaves out the word "elapsed")
 SEARCH_LINE = "states {states:,}  verified {verified}  elapsed {elapsed_s:.1f}s"

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-from .api import InputError, parse_pairs
+from ..api import models, parse_pairs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,43 +66,19 @@ def _say(message: str) -> None:
 
 
 def cmd_import_kernel_tuner(args: argparse.Namespace) -> int:
-    import costmodel
-    import db
-
-    for path in args.files:  # every file is read before anything is written
-        try:
-            costmodel.read_kernel_tuner(path)
-        except costmodel.CacheFormatError as err:
-            raise InputError(f"{err}; nothing was imported") from None
-    with db.connect(args.db) as database:
-        for path in args.files:
-            out = costmodel.import_kernel_tuner(database, path)
-            if args.json:
-                print(json.dumps(out))
-            else:
-                print(f"{path}: {out['kernel']} on {out['device_key']}: {out['added']} of "
-                      f"{out['configs']} configurations added ({out['ok']} ran)")
+    for path, out in zip(args.files, models.import_kernel_tuner(args.db, args.files),
+                         strict=True):
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(f"{path}: {out['kernel']} on {out['device_key']}: {out['added']} of "
+                  f"{out['configs']} configurations added ({out['ok']} ran)")
     return 0
 
 
-def _options(args: argparse.Namespace) -> dict:
-    if args.steps is not None and args.steps < 1:
-        raise InputError(f"--steps {args.steps}: give the number of training steps, >= 1")
-    return {"graphsage": {"steps": args.steps}} if args.steps else {}
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    import costmodel
-    import db
-
-    options = _options(args)  # bad options fail before the database is opened
-    with db.connect(args.db) as database:
-        try:
-            out = costmodel.train(database, device_key=args.device, kind=args.kind,
-                                  force=args.force, options=options.get(args.kind),
-                                  progress=None if args.json else _say)
-        except ValueError as err:
-            raise InputError(str(err)) from None
+    out = models.train_model(args.db, device_key=args.device, kind=args.kind, force=args.force,
+                             steps=args.steps, progress=None if args.json else _say)
     if args.json:
         print(json.dumps(out, indent=2))
     elif not out["trained"]:
@@ -118,17 +93,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import costmodel
-    import db
-
-    options = _options(args)
-    with db.connect(args.db, migrate_schema=False) as database:
-        try:
-            out = costmodel.evaluate_database(database, args.split, device_key=args.device,
-                                              options=options,
-                                              progress=None if args.json else _say)
-        except ValueError as err:
-            raise InputError(str(err)) from None
+    out = models.evaluate_model(args.db, args.split, device_key=args.device, steps=args.steps,
+                                progress=None if args.json else _say)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -149,22 +115,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    import costmodel
-    import db
-
-    if not args.device:
-        raise InputError("tuner model predict needs --device KEY (see `tuner status` for the "
-                         "device keys in the database)")
-    with db.connect(args.db, migrate_schema=False) as database:
-        found = costmodel.model_for(database, args.device)
-        if found is None:
-            raise InputError(f"no trained model for device {args.device!r}: run "
-                             f"`tuner model train` first")
-        model, record = found
-        try:
-            rows = _ranked(database, model, args)
-        except ValueError as err:  # a device the table does not know
-            raise InputError(str(err)) from None
+    record, rows = models.predict_configs(args.db, args.program, parse_pairs(args.set),
+                                          args.device)
     rows = rows[:args.top]
     if args.json:
         print(json.dumps({"model_id": record.id, "kind": record.kind, "device": args.device,
@@ -177,63 +129,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ranked(database: Any, model: Any, args: argparse.Namespace) -> list[dict]:
-    """Every candidate config of the program's stored structures, predicted, fastest first."""
-    import costmodel
-    import db
-    from kernels import config_space
-    from search import from_obj
-
-    from ._model_sampler import predicted_order
-
-    spec = costmodel.spec_for_key(args.device)
-    structures = _stored_structures(database, args)
-    out = []
-    for s in structures:
-        obj = s.structure
-        if isinstance(obj, dict) and "kernel_tuner" in obj:
-            configs = db.structure_configs(database, s.id)
-            kt = obj["kernel_tuner"]
-            samples = [costmodel.featurize_params(c, kt["keys"], kt["problem_size"], spec,
-                                                  group="p", program="p", device=args.device)
-                       for c in configs]
-            pred = model.predict(samples) if samples else []
-            ranked = sorted(zip(configs, pred, strict=True), key=lambda x: x[1])
-        else:
-            graph = from_obj(obj)
-            space = config_space(graph, spec)
-            legal = [c for c in space.configs() if space.check(c) is None][:4096]
-            ranked = predicted_order(model, graph, legal, spec)
-        out += [{"structure": s.structure_hash, "config": c, "predicted_s": float(p)}
-                for c, p in ranked]
-    return sorted(out, key=lambda r: r["predicted_s"])
-
-
-def _stored_structures(database: Any, args: argparse.Namespace) -> list:
-    import costmodel
-    from search import load_program
-
-    from .identity import program_key
-
-    imported = [p for p in database.programs() if p.name == args.program
-                and p.dtype == costmodel.KT_DTYPE]
-    if imported:
-        return [s for p in imported for s in database.structures(p.program_id)]
-    key = program_key(load_program(args.program, parse_pairs(args.set)))
-    pid = database.program_id(key.program_hash, key.shapes, key.dtype)
-    if pid is None:
-        raise InputError(f"{args.program} at these shapes is not in the database: launch a "
-                         "job with it first (or pass the shapes it was tuned at with --set)")
-    return database.structures(pid)
-
-
 def cmd_list(args: argparse.Namespace) -> int:
-    import db
-
-    with db.connect(args.db, migrate_schema=False) as database:
-        found = db.models(database, with_weights=False)
-    rows = [{"id": m.id, "kind": m.kind, "device_key": m.device_key, "created_at":
-             m.created_at.isoformat(), **m.trained_on} for m in found]
+    rows = models.list_models(args.db)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

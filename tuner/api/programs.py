@@ -1,4 +1,4 @@
-"""The Python API the CLI stands on: programs, graphs, verification."""
+"""Programs, graphs and verification: the first part of the Python API (``tuner.api``)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,13 @@ from search import (
     ProgramError,
     ShapeError,
     builtin_names,
-    format_graph,
     from_json,
     handwritten,
     load_program,
-    small_instance,
-    to_json,
 )
 from verifier import DEFAULT_TESTS, Verdict, equivalent
 
-from .jobfile import JobError
+from ..jobfile import JobError
 
 
 class InputError(ValueError):
@@ -34,9 +31,6 @@ class InputError(ValueError):
 INPUT_ERRORS: tuple[type[Exception], ...] = (InputError, ProgramError, GraphFormatError,
                                              ShapeError, FileNotFoundError, JobError)
 
-__all__ = ["DEFAULT_TESTS", "INPUT_ERRORS", "InputError", "format_graph", "list_programs",
-           "load_graph", "load_program", "parse_config", "parse_pairs", "program_graph",
-           "small_instance", "to_json", "verify_files"]
 
 
 def parse_pairs(items: list[str] | None, flag: str = "--set") -> dict[str, str]:

@@ -15,7 +15,7 @@ from datetime import datetime
 
 import db
 
-from .formatting import ms
+from ..formatting import ms
 
 
 @dataclass
@@ -64,7 +64,8 @@ def _when(t: datetime | None) -> str:
 
 def format_status(st: Status) -> str:
     """Two tables: jobs, newest first, then programs with each device's best kernel."""
-    rows = [("job", "status", "attempts", "started (UTC)", "finished (UTC)", "file")]
+    rows: list[tuple[str, ...]] = [
+        ("job", "status", "attempts", "started (UTC)", "finished (UTC)", "file")]
     rows += [(j.job_key, j.status, str(j.attempts), _when(j.started_at), _when(j.finished_at),
               j.job_path) for j in st.jobs]
     out = [f"{st.url}: {len(st.jobs)} job(s), {len(st.programs)} program(s)", ""]
@@ -79,7 +80,8 @@ def format_status(st: Status) -> str:
             head = (s.name, shapes, str(s.structures), str(s.configs), str(s.timings),
                     str(s.failed)) if i == 0 else ("",) * 6
             rows.append((*head, "-" if b is None else b.device_key.split(":")[0],
-                         ms(b and b.time_s, unit=""), ms(b and b.baseline_s, unit=""),
+                         ms(None if b is None else b.time_s, unit=""),
+                         ms(None if b is None else b.baseline_s, unit=""),
                          f"{b.speedup:.2f}x" if b and b.speedup else "-",
                          _when(s.last_measured_at) if i == 0 else ""))
     if st.programs:

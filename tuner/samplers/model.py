@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler, RandomSampler
+from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from costmodel import CostModel, featurize
+
+from .registry import make_sampler
 
 
 class ModelSampler(BaseSampler):
@@ -32,7 +34,7 @@ class ModelSampler(BaseSampler):
 
     def __init__(self, model: CostModel, *, seed: int = 0, candidates: int = 2048) -> None:
         self.model, self.seed, self.candidates = model, seed, candidates
-        self._fallback = RandomSampler(seed=seed)
+        self._fallback = make_sampler("random", seed)
         self._params: list[dict[str, Any]] = []
         self._index: dict[tuple, int] = {}
         self._predicted = np.zeros(0)
@@ -40,7 +42,7 @@ class ModelSampler(BaseSampler):
         self._dists: dict[str, BaseDistribution] = {}
 
     def bind(self, task: Any, codec: Any, dists: dict[str, BaseDistribution]) -> None:
-        """Predict the candidates of ``task.space`` (a ``tuner.tune.StudyTask``)."""
+        """Predict the candidates of ``task.space`` (a ``tuner.pipeline.tune.StudyTask``)."""
         configs = [c for c in task.space.configs() if task.space.check(c) is None]
         if len(configs) > self.candidates:
             configs = random.Random(self.seed).sample(configs, self.candidates)

@@ -1,0 +1,146 @@
+"""The learned cost model's loop through a database (docs/costmodel.md): import measurements
+made elsewhere, train, evaluate, predict, list — what ``tuner import`` / ``tuner model`` run.
+Errors a user can fix are ``InputError``s; nothing is written before the input is checked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from .programs import InputError
+
+
+def import_kernel_tuner(url: str | None, files: list[str]) -> Iterator[dict]:
+    """Import Kernel Tuner cache files, yielding each file's counts as it is stored; every
+    file is read before anything is written."""
+    import costmodel
+    import db
+
+    for path in files:
+        try:
+            costmodel.read_kernel_tuner(path)
+        except costmodel.CacheFormatError as err:
+            raise InputError(f"{err}; nothing was imported") from None
+    with db.connect(url) as database:
+        for path in files:
+            yield costmodel.import_kernel_tuner(database, path)
+
+
+def _options(steps: int | None) -> dict:
+    if steps is not None and steps < 1:
+        raise InputError(f"--steps {steps}: give the number of training steps, >= 1")
+    return {"graphsage": {"steps": steps}} if steps else {}
+
+
+def train_model(url: str | None, *, device_key: str | None = None, kind: str = "graphsage",
+                force: bool = False, steps: int | None = None,
+                progress: Callable[[str], None] | None = None) -> dict:
+    """Train on the database's measurements and store the model there (``costmodel.train``)."""
+    import costmodel
+    import db
+
+    options = _options(steps)  # bad options fail before the database is opened
+    with db.connect(url) as database:
+        try:
+            return costmodel.train(database, device_key=device_key, kind=kind, force=force,
+                                   options=options.get(kind), progress=progress)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+
+
+def evaluate_model(url: str | None, split: str, *, device_key: str | None = None,
+                   steps: int | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """Score GraphSAGE and the baselines on held-out rows (``costmodel.evaluate_database``)."""
+    import costmodel
+    import db
+
+    options = _options(steps)
+    with db.connect(url, migrate_schema=False) as database:
+        try:
+            return costmodel.evaluate_database(database, split, device_key=device_key,
+                                               options=options, progress=progress)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+
+
+def predict_configs(url: str | None, program: str, overrides: Mapping[str, Any] | None,
+                    device_key: str | None) -> tuple[Any, list[dict]]:
+    """(the stored model's record, every candidate config of the program's stored structures
+    with its predicted seconds, fastest first)."""
+    import costmodel
+    import db
+
+    if not device_key:
+        raise InputError("tuner model predict needs --device KEY (see `tuner status` for the "
+                         "device keys in the database)")
+    with db.connect(url, migrate_schema=False) as database:
+        found = costmodel.model_for(database, device_key)
+        if found is None:
+            raise InputError(f"no trained model for device {device_key!r}: run "
+                             f"`tuner model train` first")
+        model, record = found
+        try:
+            return record, _ranked(database, model, program, overrides, device_key)
+        except ValueError as err:  # a device the table does not know
+            raise InputError(str(err)) from None
+
+
+def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any] | None,
+            device_key: str) -> list[dict]:
+    import costmodel
+    import db
+    from kernels import config_space
+    from search import from_obj
+
+    from ..samplers.model import predicted_order
+
+    spec = costmodel.spec_for_key(device_key)
+    out = []
+    for s in _stored_structures(database, program, overrides):
+        obj = s.structure
+        if isinstance(obj, dict) and "kernel_tuner" in obj:
+            configs = db.structure_configs(database, s.id)
+            kt = obj["kernel_tuner"]
+            samples = [costmodel.featurize_params(c, kt["keys"], kt["problem_size"], spec,
+                                                  group="p", program="p", device=device_key)
+                       for c in configs]
+            pred = model.predict(samples) if samples else []
+            ranked = sorted(zip(configs, pred, strict=True), key=lambda x: x[1])
+        else:
+            graph = from_obj(obj)
+            space = config_space(graph, spec)
+            legal = [c for c in space.configs() if space.check(c) is None][:4096]
+            ranked = predicted_order(model, graph, legal, spec)
+        out += [{"structure": s.structure_hash, "config": c, "predicted_s": float(p)}
+                for c, p in ranked]
+    return sorted(out, key=lambda r: r["predicted_s"])
+
+
+def _stored_structures(database: Any, program: str, overrides: Mapping[str, Any] | None
+                       ) -> list:
+    import costmodel
+    from search import load_program
+
+    from ..identity import program_key
+
+    imported = [p for p in database.programs() if p.name == program
+                and p.dtype == costmodel.KT_DTYPE]
+    if imported:
+        return [s for p in imported for s in database.structures(p.program_id)]
+    key = program_key(load_program(program, overrides))
+    pid = database.program_id(key.program_hash, key.shapes, key.dtype)
+    if pid is None:
+        raise InputError(f"{program} at these shapes is not in the database: launch a "
+                         "job with it first (or pass the shapes it was tuned at with --set)")
+    return database.structures(pid)
+
+
+def list_models(url: str | None) -> list[dict]:
+    """The stored models (without their weights), newest last."""
+    import db
+
+    with db.connect(url, migrate_schema=False) as database:
+        found = db.models(database, with_weights=False)
+    return [{"id": m.id, "kind": m.kind, "device_key": m.device_key, "created_at":
+             m.created_at.isoformat(), **m.trained_on} for m in found]

@@ -1,0 +1,155 @@
+"""``tuner launch``: a job file through search, verification, tuning and the database.
+
+For each entry of the job, in order, its pipeline (``tuner.pipeline.base``): a µGraph program
+is searched, its verified structures stored and tuned on each device
+(``tuner.pipeline.ugraph``); a recorded Kernel Tuner space is tuned on the replay device
+(``tuner.pipeline.recorded``).  A launch killed anywhere and started again with the same job
+and database continues where it was; nothing measured is measured again.  The job file is
+validated, the devices checked and the database URL parsed before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import db
+
+from ..api import InputError
+from ..identity import job_key
+from ..jobfile import JobSpec, ProgramEntry, load_job
+from .base import ProgramPipeline, ProgressSink, RunContext
+from .devices import check_cluster_gpus, check_devices, make_pools
+from .recorded import RecordedSpacePipeline
+from .report import LaunchResult
+from .ugraph import UGraphPipeline
+
+if TYPE_CHECKING:
+    import optuna
+
+    from cluster import SlotPool
+
+# the pipeline of each kind of job entry (``ProgramEntry.kind``)
+PIPELINES: dict[str, type[ProgramPipeline]] = {
+    "builtin": UGraphPipeline, "file": UGraphPipeline, "inline": UGraphPipeline,
+    "kernel_tuner": RecordedSpacePipeline,
+}
+
+
+def pipeline_for(ctx: RunContext, entry: ProgramEntry) -> ProgramPipeline:
+    """The pipeline that runs ``entry``."""
+    return PIPELINES[entry.kind](ctx, entry)
+
+
+def prepare(path: str | Path, db_url: str | None = None, resume: bool = False,
+            address: str | None = None) -> tuple[JobSpec, str]:
+    """Validate everything a launch needs without writing anything: (job, database URL)."""
+    job = load_job(path)
+    url = db_url or job.database.url
+    try:
+        db.normalize_url(url)
+    except (ValueError, db.DatabaseError) as err:
+        raise InputError(f"database URL {url!r}: {err}") from None
+    check_devices(job.devices, address or job.cluster.address)
+    if resume and not _has_job(url, job_key(job)):
+        raise InputError(f"--resume: no earlier run of {path} in {url}; drop --resume to "
+                         "start it")
+    return job, url
+
+
+def _has_job(url: str, key: str) -> bool:
+    try:
+        database = db.connect(url, migrate_schema=False)  # never creates or migrates
+    except db.DatabaseError:
+        return False
+    with database:
+        return database.job(key) is not None
+
+
+class JobRun:
+    """One run of a job; ``run()`` returns the summary.  See the module docstring."""
+
+    def __init__(self, job: JobSpec, url: str, *, address: str | None = None,
+                 log: Callable[[str], None] | None = None,
+                 progress: ProgressSink | None = None) -> None:
+        self.job, self.url = job, url
+        self.address = address or job.cluster.address
+        self.ctx = RunContext(job, log or (lambda _msg: None), progress)
+
+    def run(self) -> LaunchResult:
+        """Start (or join) Ray and check the devices there, then, and only then, open the
+        database: a cluster without the job's GPUs is refused before anything is written."""
+        from cluster import ClusterJoinError, make_executor, start_ray, stop_ray
+
+        start = time.perf_counter()
+        try:
+            started = start_ray(self.job.cluster.workers, self.address)
+        except ClusterJoinError as err:
+            raise InputError(str(err)) from None
+        executor, pools = None, {}
+        try:
+            if self.address:
+                check_cluster_gpus(self.job.devices)
+            executor = self.ctx.executor = make_executor(self.job.cluster.workers,
+                                                         self.address)
+            pools = make_pools(self.job.devices, self.ctx.log)
+            return self._run_job(pools, start)
+        finally:
+            for pool in pools.values():
+                pool.close()
+            if executor is not None:
+                executor.close()
+            if started:
+                stop_ray()
+
+    def _run_job(self, pools: dict[str, SlotPool], start: float) -> LaunchResult:
+        database = db.connect(self.url)
+        record = database.start_job(job_key(self.job), self.job.source)
+        how = f"resumed, attempt {record.attempts}" if record.resumed else "new"
+        self.ctx.log(f"job {record.job_key} ({how}) -> {database!r}")
+        status, reports, timings = "failed", [], {}
+        try:
+            storage = optuna_storage(database)
+            for entry in self.job.programs:
+                reports += pipeline_for(self.ctx, entry).run(database, record.id, storage,
+                                                             pools, timings)
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            timings["total_s"] = round(time.perf_counter() - start, 3)
+            try:
+                database.finish_job(record.id, status, timings)
+            finally:
+                database.close()
+        return LaunchResult(record.id, record.job_key, record.resumed, self.url, reports,
+                            time.perf_counter() - start)
+
+
+def optuna_storage(database: db.Database) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage on the tuner database itself (optuna-dashboard reads it).
+
+    Optuna creates its tables and stamps its version on first use, in steps that two launches
+    started at once on a fresh database trip over ("table studies already exists"); under the
+    database's schema lock they take turns."""
+    import optuna
+
+    url = database.url
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    with database.schema_lock():
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def launch(path: str | Path, *, db_url: str | None = None, address: str | None = None,
+           resume: bool = False, log: Callable[[str], None] | None = None,
+           progress: ProgressSink | None = None) -> LaunchResult:
+    """Run the job file at ``path`` (see the module docstring); the Python face of
+    ``tuner launch``."""
+    job, url = prepare(path, db_url, resume, address)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    return JobRun(job, url, address=address, log=log, progress=progress).run()
+

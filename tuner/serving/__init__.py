@@ -1,0 +1,20 @@
+"""The serving API: what a database holds for a user who wants a kernel back.
+
+``best`` (the record of the fastest verified kernel of a program at its shapes on a device),
+``load`` (it as a callable), ``status`` (jobs, programs and best kernels of a database).  Only
+reads; the launch (``tuner.pipeline``) is what writes.
+"""
+
+from .cache import (
+    best,
+    bests_at_stored_shapes,
+    kernel_from_record,
+    launch_hint,
+    load,
+    resolve_device_key,
+    tuned_best,
+)
+from .status import status
+
+__all__ = ["best", "bests_at_stored_shapes", "kernel_from_record", "launch_hint", "load",
+           "resolve_device_key", "status", "tuned_best"]
