@@ -110,9 +110,9 @@ class OptunaStates:
                     if _state(state) not in _UNFINISHED:
                         c = counts.setdefault(sid, {})
                         c[_state(state)] = c.get(_state(state), 0) + int(n)
-                pending = dict(conn.execute(select(o.trial_id, o.study_id).where(
+                unfinished = dict(conn.execute(select(o.trial_id, o.study_id).where(
                     o.trial_id <= low, o.state.in_(UNFINISHED))).all())
-                self._low, self._counts, self._pending = low, counts, pending
+                self._low, self._counts, self._pending = low, counts, unfinished
             rows = conn.execute(select(o.trial_id, o.study_id, o.state)
                                 .where(o.trial_id > self._low).order_by(o.trial_id)).all()
             pending = list(self._pending)
@@ -138,12 +138,12 @@ class OptunaStates:
                 self._seen = {t for t in self._seen if t > self._low}
             self._find_studies(conn)
             out: dict[tuple[int, str], dict[str, int]] = {}
-            for sid, counts in self._counts.items():
+            for sid, by_state in self._counts.items():
                 key = self._study.get(sid)
                 if key is None:
                     continue
                 agg = out.setdefault(key, {})
-                for state, n in counts.items():
+                for state, n in by_state.items():
                     agg[state] = agg.get(state, 0) + n
             for sid in self._pending.values():
                 key = self._study.get(sid)

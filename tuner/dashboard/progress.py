@@ -76,11 +76,11 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
     if plan is not None:
         hashes += [h[:16] for _, h, _ in plan.programs if h[:16] not in hashes]
     if every_program is not None:
-        wanted = set(hashes)
-        rows = [r for r in every_program if r.program_hash[:16] in wanted]
+        searched = set(hashes)
+        rows = [r for r in every_program if r.program_hash[:16] in searched]
     else:
         rows = reader.programs(hashes=hashes, optuna=optuna)
-    waiting = []
+    waiting: list[dict] = []
     if plan is not None:  # the job's own shapes, in its order
         wanted = {key: i for i, key in enumerate(plan.keys)}
         rows = [r for r in rows if _key(r) in wanted]

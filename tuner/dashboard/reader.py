@@ -167,16 +167,16 @@ class Reader:
                     .select_from(best_t.join(structures_t, S.id == b.structure_id)
                                  .join(trials_t, T.id == b.trial_id))
                     .where(b.program_hash.in_({p.program_hash for p in progs.values()})))
-            for r in conn.execute(best):
-                p = by_key.get((r.program_hash, r.shapes_key, r.dtype))
+            for k in conn.execute(best):
+                p = by_key.get((k.program_hash, k.shapes_key, k.dtype))
                 if p is None:
                     continue
-                d = p.devices.setdefault(r.device_key, DeviceProgress(r.device_key))
-                d.best = {"trial_id": r.trial_id, "structure_id": r.structure_id,
-                          "structure_hash": r.structure_hash, "config": loads(r.config_json),
-                          "time_s": r.time_s, "baseline_s": r.baseline_s,
-                          "speedup": (r.baseline_s / r.time_s) if r.baseline_s else None,
-                          "updated_at": utc(r.updated_at)}
+                d = p.devices.setdefault(k.device_key, DeviceProgress(k.device_key))
+                d.best = {"trial_id": k.trial_id, "structure_id": k.structure_id,
+                          "structure_hash": k.structure_hash, "config": loads(k.config_json),
+                          "time_s": k.time_s, "baseline_s": k.baseline_s,
+                          "speedup": (k.baseline_s / k.time_s) if k.baseline_s else None,
+                          "updated_at": utc(k.updated_at)}
             if optuna:
                 self._optuna_states(conn, progs)
         return list(progs.values())
@@ -280,6 +280,7 @@ class Reader:
         with self.engine.connect() as conn:
             names = {r.id: r.name for r in conn.execute(select(P.id, P.name))}
             totals = self._totals.refresh(conn)
+            counts: dict[str, int]
             if text_filter:  # the message is not in the totals: count in SQL
                 counts = dict(conn.execute(select(M.status, func.count()).select_from(join)
                                            .where(and_(*counts_where))

@@ -49,7 +49,7 @@ class DeviceProgress:
 
 @dataclass
 class ProgramProgress:
-    """A stored program (one ``tuner_programs`` row) with its search and its tuning on each
+    """A stored program (one ``db.ProgramRow``) with its search and its tuning on each
     device: one block of rows of a job's or a program's table."""
 
     id: int
