@@ -161,6 +161,27 @@ def test_jobs_page_names_each_jobs_programs(client, filled, tmp_path):
     assert 'title="X=16x32 R=16x32: not reached yet">rmsnorm_residual</span>' in page
 
 
+def test_the_dashboard_stands_on_nothing_of_the_launch(tmp_path):
+    """Serving pages and reading a job's plan from its job file import neither the launch
+    pipeline nor Ray: the dashboard reads, it does not stand on what writes."""
+    job = tmp_path / "j.yaml"
+    job.write_text("programs:\n  - name: softmax_rows\n    set: {rows: 16, cols: 32}\n"
+                   "devices: [cpu]\n")
+    code = f"""if True:
+        import sys
+        from tuner.dashboard import app, progress
+        from tuner.identity import job_key
+        from tuner.jobfile import load_job
+        assert progress.job_plan({str(job)!r}, job_key(load_job({str(job)!r}))) is not None
+        print(sorted(m for m in sys.modules
+                     if m.split(".")[0] in ("ray", "cluster")
+                     or m.startswith(("tuner.pipeline", "tuner.launch"))))"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]"
+
+
 def test_series_keeps_only_the_improvements(client, filled):
     _, ids = filled
     s = client.get(f"/api/programs/{ids['programs'][0]}/series",
