@@ -27,8 +27,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-import db
-
 from .. import formatting
 from . import graphsvg
 from .cluster import ClusterView
@@ -36,6 +34,7 @@ from .params import BadInput, not_found, path_id, query_id, query_text
 from .progress import all_jobs, job_progress
 from .reader import Reader
 from .source import highlighted, kernel_source
+from .tables import FAILURES
 from .views import duration, iso, shapes_text, when
 
 HERE = Path(__file__).resolve().parent
@@ -87,9 +86,8 @@ def create_app(url: str | None = None, *, address: str | None = None,
     env = templates.env
     env.filters.update(ms=formatting.ms, config=formatting.config_text, when=when,
                        duration=duration, shapes=shapes_text)
-    failure_statuses = [s for s in db.MEASUREMENT_STATUSES if s != "ok"]
     env.globals.update(db_url=reader.url, poll_ms=POLL_MS, cluster_address=address,
-                       optuna_dashboard=optuna_dashboard, failure_statuses=failure_statuses)
+                       optuna_dashboard=optuna_dashboard, failure_statuses=FAILURES)
 
     async def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -203,7 +201,7 @@ def create_app(url: str | None = None, *, address: str | None = None,
     # -- failures -------------------------------------------------------------------------
 
     def failure_filters(request: Request) -> dict:
-        return {"status": query_text(request, "status", choices=failure_statuses),
+        return {"status": query_text(request, "status", choices=FAILURES),
                 "program": query_text(request, "program"),
                 "device": query_text(request, "device"), "q": query_text(request, "q")}
 

@@ -16,7 +16,7 @@ from typing import Any
 from optuna.trial import TrialState
 from sqlalchemy import case, func, select
 
-from .tables import MEASURED, M, S, T, otrials_t, structures_t, studies_t, trials_t
+from .tables import MEASURED, OK, M, S, T, otrials_t, structures_t, studies_t, trials_t
 from .views import utc
 
 WINDOW = 1000  # trailing ids re-read on every refresh
@@ -73,7 +73,7 @@ class MeasurementTotals:
                 t[2], t[3] = min(t[2], at), max(t[3], at)
                 if attempt == 0:
                     t[1] += 1
-                    if status == "ok" and median is not None:
+                    if status == OK and median is not None:
                         t[4] = median if t[4] is None else min(t[4], median)
             if top - self.window > self._low:
                 self._low = top - self.window
@@ -149,7 +149,7 @@ class OptunaStates:
                 key = self._study.get(sid)
                 if key is not None:
                     agg = out.setdefault(key, {})
-                    agg["RUNNING"] = agg.get("RUNNING", 0) + 1
+                    agg[TrialState.RUNNING.name] = agg.get(TrialState.RUNNING.name, 0) + 1
             return out
 
     def _find_studies(self, conn: Any) -> None:

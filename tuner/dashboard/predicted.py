@@ -17,7 +17,7 @@ from sqlalchemy import Engine, desc, select
 
 import db
 
-from .tables import MEASURED, M, P, S, T, models_t, programs_t
+from .tables import MEASURED, OK, M, P, S, T, models_t, programs_t
 
 C = models_t.c
 
@@ -55,7 +55,7 @@ def _predicted(engine: Engine, program_id: int, device_key: str, limit: int) -> 
             select(M.id, T.id.label("trial_id"), P.name, P.program_hash, S.structure_hash,
                    S.structure_json, T.config_json, M.median_s)
             .select_from(MEASURED.join(programs_t, P.id == S.program_id))
-            .where(P.id == program_id, M.device_key == device_key, M.status == "ok",
+            .where(P.id == program_id, M.device_key == device_key, M.status == OK,
                    M.attempt == 0)
             .order_by(desc(M.id)).limit(limit)).all()
     model = costmodel.load_model(row.weights)

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 import db
 
 from .reader import Reader
+from .tables import FINISHED, RUNNING
 from .views import ProgramProgress, iso, shapes_text
 
 
@@ -100,10 +101,10 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
     started = {r.program_hash[:16] for r in rows
                if r.created_at and started_at and r.created_at >= started_at} | set(prefixes)
     position = [i for i, r in enumerate(rows) if r.program_hash[:16] in started]
-    finished = job["status"] == "finished"
+    finished = job["status"] == FINISHED
     done = total if finished else max(0, len(position) - 1) if position else 0
     current = None
-    if job["status"] == "running" and position:
+    if job["status"] == RUNNING and position:
         current = rows[position[-1]].name
     trials = sum(r.trials for r in rows)
     planned = None
@@ -116,10 +117,10 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
             per_program.append(tuned * plan.trials_per_structure * plan.devices)
         planned = max(trials, sum(per_program))
     finished_at = job["finished_at"]
-    end = finished_at if finished_at is not None and job["status"] != "running" else now
+    end = finished_at if finished_at is not None and job["status"] != RUNNING else now
     elapsed = max(0.0, (end - started_at).total_seconds()) if started_at else None
     eta = None
-    if job["status"] == "running" and planned and trials and elapsed:
+    if job["status"] == RUNNING and planned and trials and elapsed:
         eta = elapsed * (planned - trials) / trials
         firsts = [d.first_at for r in rows for d in r.devices.values()
                   if d.first_at and d.first_at >= started_at]

@@ -15,8 +15,10 @@ from sqlalchemy import Engine, and_, case, func, literal, or_, select
 from .counts import WINDOW, MeasurementTotals, OptunaStates
 from .series import SeriesCache
 from .tables import (
+    FINISHED,
     MEASURED,
     MISSING_TABLE,
+    OK,
     M,
     P,
     S,
@@ -36,7 +38,6 @@ from .views import DeviceProgress, ProgramProgress, loads, utc
 
 FAILURES_PAGE = 200
 BATCH = 500  # ids per IN (...) list
-SHARD_FINISHED = "finished"
 REFERENCE = '%"verdict":"reference"%'  # a structure that is the program as written
 
 
@@ -99,7 +100,7 @@ class Reader:
         shards.  A shard's stats never change once finished, so each is parsed once."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(shards_t.c.id, shards_t.c.shard_key).where(
-                shards_t.c.job_id == job_id, shards_t.c.status == SHARD_FINISHED)).all()
+                shards_t.c.job_id == job_id, shards_t.c.status == FINISHED)).all()
             missing = [r.id for r in rows if r.id not in self._shard_stats]
             for i in range(0, len(missing), BATCH):
                 for sid, stats in conn.execute(select(shards_t.c.id, shards_t.c.stats_json)
@@ -154,11 +155,11 @@ class Reader:
                 d.trials += firsts
                 if firsts:
                     d.statuses[status] = d.statuses.get(status, 0) + firsts
-                if status != "ok":
+                if status != OK:
                     d.failed += n
                 d.first_at = first if d.first_at is None else min(d.first_at, first)
                 d.last_at = last if d.last_at is None else max(d.last_at, last)
-                if status == "ok" and fastest is not None:
+                if status == OK and fastest is not None:
                     d.best_first_s = fastest
             b = best_t.c
             best = (select(b.program_hash, b.shapes_key, b.dtype, b.device_key, b.trial_id,
@@ -265,7 +266,7 @@ class Reader:
                  before: int | None = None, limit: int = FAILURES_PAGE) -> dict:
         """Non-ok measurements, newest first, filtered; with the counts per status."""
         join = MEASURED.join(programs_t, P.id == S.program_id)
-        where = [M.status != "ok"]
+        where = [M.status != OK]
         if program:
             where.append(P.name == program)
         if device:
@@ -288,7 +289,7 @@ class Reader:
             else:
                 counts = {}
                 for (pid, dev, st), t in totals.items():
-                    if st != "ok" and (not program or names.get(pid) == program) \
+                    if st != OK and (not program or names.get(pid) == program) \
                             and (not device or dev == device):
                         counts[st] = counts.get(st, 0) + t[0]
             rows = conn.execute(

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from .counts import WINDOW
-from .tables import MEASURED, M, S, T
+from .tables import MEASURED, OK, M, S, T
 from .views import iso, loads, utc
 
 SCATTER_POINTS = 1500
@@ -48,7 +48,7 @@ class Series:
             first = (select(*columns).select_from(MEASURED)
                      .where(S.program_id == program_id, M.device_key == device_key,
                             M.attempt == 0, M.id <= self.low).order_by(M.id))
-            self.rows = [(i, st == "ok" and s is not None, s, utc(t), c)
+            self.rows = [(i, st == OK and s is not None, s, utc(t), c)
                          for i, st, s, t, c in conn.execute(first)]
             self._recompute()
         late = False
@@ -64,7 +64,7 @@ class Series:
             if i in self.seen:
                 continue
             self.seen.add(i)
-            row = (i, st == "ok" and s is not None, s, utc(t), c)
+            row = (i, st == OK and s is not None, s, utc(t), c)
             if self.rows and i < self.rows[-1][0]:  # committed after a larger id (PostgreSQL)
                 bisect.insort(self.rows, row)
                 late = True

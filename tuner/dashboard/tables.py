@@ -33,6 +33,15 @@ otrials_t = TrialModel.__table__
 
 M, T, S, P = meas_t.c, trials_t.c, structures_t.c, programs_t.c
 
+# the statuses the dashboard compares with, by db's names (checked against db's lists below)
+OK = "ok"  # a measurement that passed
+FAILURES = tuple(s for s in db.MEASUREMENT_STATUSES if s != OK)  # every other one
+FINISHED = "finished"  # a job or a search shard that ended well
+RUNNING = "running"  # a job under way
+if OK not in db.MEASUREMENT_STATUSES or not {FINISHED, RUNNING} <= set(db.JOB_STATUSES) \
+        or FINISHED not in db.SHARD_STATUSES:
+    raise ImportError("tuner.dashboard.tables: db's status names changed; follow them here")
+
 #: what reading a table that may be absent (Optuna's, before any study) raises
 MISSING_TABLE = (OperationalError, ProgrammingError, NoSuchTableError)
 

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from optuna.trial import TrialState
+
+from .tables import OK
+
 
 @dataclass
 class DeviceProgress:
@@ -32,15 +36,16 @@ class DeviceProgress:
 
     @property
     def skipped(self) -> int:
-        return self.optuna.get("PRUNED", 0)
+        return self.optuna.get(TrialState.PRUNED.name, 0)
 
     def as_dict(self) -> dict:
         best = self.best
         return {"device_key": self.device_key, "trials": self.trials, "timings": self.timings,
                 "statuses": self.statuses, "failed": self.failed,
-                "failed_trials": self.trials - self.statuses.get("ok", 0),
+                "ok": self.statuses.get(OK, 0),
+                "failed_trials": self.trials - self.statuses.get(OK, 0),
                 "failed_text": ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())
-                                         if k != "ok" and v), "skipped": self.skipped,
+                                         if k != OK and v), "skipped": self.skipped,
                 "optuna": self.optuna, "first_at": iso(self.first_at),
                 "last_at": iso(self.last_at), "best_first_s": self.best_first_s,
                 "best": None if best is None else {
