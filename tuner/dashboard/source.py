@@ -6,6 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 
+def device_kind(device_key: Any) -> str:
+    """The device a stored key names (``cpu:<model>:<cores>c`` or ``cuda:<gpu>:sm_<cc>``, as
+    ``kernels.hardware.device_key`` writes them): ``cpu`` or ``cuda``."""
+    return "cpu" if str(device_key).startswith("cpu") else "cuda"
+
+
 def kernel_source(data: dict[str, Any]) -> tuple[str | None, str]:
     """The kernel's source: the stored one for a best kernel, else rendered now from its
     structure and config (the same lowering and renderer the launch used)."""
@@ -15,7 +21,7 @@ def kernel_source(data: dict[str, Any]) -> tuple[str | None, str]:
         from kernels import get_device
         from search import from_obj
 
-        kind = "cpu" if str(data["device_key"]).startswith("cpu") else "cuda"
+        kind = device_kind(data["device_key"])
         device = get_device(kind)
         config = {k: int(v) for k, v in (data["config"] or {}).items()}
         plan = device.lower(from_obj(data["structure"]), config, str(data["program"]))
@@ -25,6 +31,7 @@ def kernel_source(data: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def highlighted(source: str, device_key: str) -> str | None:
+    """The source as highlighted HTML (None without Pygments: the page shows it plain)."""
     try:
         from markupsafe import Markup
         from pygments import highlight
@@ -32,6 +39,6 @@ def highlighted(source: str, device_key: str) -> str | None:
         from pygments.lexers import CppLexer, CudaLexer
     except ImportError:
         return None
-    lexer = CppLexer() if str(device_key).startswith("cpu") else CudaLexer()
+    lexer = CppLexer() if device_kind(device_key) == "cpu" else CudaLexer()
     # Pygments escapes the source itself; the markup is safe to insert
     return Markup(highlight(source, lexer, HtmlFormatter(cssclass="hl", linenos="table")))
