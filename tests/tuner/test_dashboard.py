@@ -18,7 +18,7 @@ pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
 
 import warnings  # noqa: E402
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import select, text  # noqa: E402
 
 with warnings.catch_warnings():  # Starlette 1.x would rather have httpx's fork httpx2
     warnings.filterwarnings("ignore", message=".*httpx2")
@@ -31,6 +31,7 @@ from tuner import api  # noqa: E402
 from tuner.dashboard import RemoteBindRefused, check_host, create_app  # noqa: E402
 from tuner.dashboard.cluster import ClusterView  # noqa: E402
 from tuner.dashboard.reader import Reader  # noqa: E402
+from tuner.dashboard.tables import studies_t  # noqa: E402
 from tuner.identity import program_key  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,13 +221,16 @@ def test_totals_stay_exact_as_measurements_arrive(tmp_path):
     fresh.close()
 
 
-def test_optuna_states_follow_running_trials(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_optuna_states_follow_running_trials(tmp_path, request, backend):
     """Skipped (PRUNED) and failed Optuna trials counted incrementally, a RUNNING one
-    counted when it finishes, in agreement with a fresh count."""
+    counted when it finishes, in agreement with a fresh count (Optuna's own tables read
+    through its own models, on both backends)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    url = (f"sqlite:///{tmp_path / 'tuner.db'}" if backend == "sqlite"
+           else request.getfixturevalue("pg_url"))
     ids = fill(url, xss=False)
     study = optuna.create_study(study_name="s", storage=url)  # fill's trials name study "s"
     live = Reader(url, window=2)
@@ -257,8 +261,8 @@ def test_optuna_states_follow_running_trials(tmp_path):
     with TestClient(create_app(url, optuna_dashboard="http://127.0.0.1:8080/")) as c:
         page = c.get(f"/kernels/{ids['trials'][0]}").text
     with db.connect(url, migrate_schema=False) as database, database.engine.connect() as conn:
-        (study_id,) = conn.execute(text("SELECT study_id FROM studies WHERE study_name = 's'")
-                                   ).one()
+        study_id = conn.execute(select(studies_t.c.study_id)
+                                .where(studies_t.c.study_name == "s")).scalar_one()
     assert f'href="http://127.0.0.1:8080/dashboard/studies/{study_id}"' in page
 
 

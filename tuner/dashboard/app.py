@@ -34,7 +34,7 @@ from .params import BadInput, not_found, path_id, query_id, query_text
 from .progress import all_jobs, job_progress
 from .reader import Reader
 from .source import highlighted, kernel_source
-from .tables import FAILURES
+from .tables import FAILURES, largest_id
 from .views import duration, iso, shapes_text, when
 
 HERE = Path(__file__).resolve().parent
@@ -89,6 +89,8 @@ def create_app(url: str | None = None, *, address: str | None = None,
     env.globals.update(db_url=reader.url, poll_ms=POLL_MS, cluster_address=address,
                        optuna_dashboard=optuna_dashboard, failure_statuses=FAILURES)
 
+    largest = largest_id(reader.engine)  # a larger id names no row
+
     async def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
@@ -128,11 +130,11 @@ def create_app(url: str | None = None, *, address: str | None = None,
                 "programs": [r.as_dict() for r in rows]}
 
     async def job_page(request: Request) -> Response:
-        data = await run(job_data, path_id(request, "job_id", "job"))
+        data = await run(job_data, path_id(request, "job_id", "job", largest))
         return page(request, "job.html", title=f"job {data['job']['job_key']}", data=data)
 
     async def job_api(request: Request) -> Response:
-        return api(await run(job_data, path_id(request, "job_id", "job")))
+        return api(await run(job_data, path_id(request, "job_id", "job", largest)))
 
     # -- programs -------------------------------------------------------------------------
 
@@ -143,14 +145,14 @@ def create_app(url: str | None = None, *, address: str | None = None,
         return {"programs": [rows[0].as_dict()]}
 
     async def program_page(request: Request) -> Response:
-        data = await run(program_data, path_id(request, "program_id", "program"))
+        data = await run(program_data, path_id(request, "program_id", "program", largest))
         return page(request, "program.html", title=data["programs"][0]["name"], data=data)
 
     async def program_api(request: Request) -> Response:
-        return api(await run(program_data, path_id(request, "program_id", "program")))
+        return api(await run(program_data, path_id(request, "program_id", "program", largest)))
 
     def program_device(request: Request) -> tuple[int, str]:
-        return (path_id(request, "program_id", "program"),
+        return (path_id(request, "program_id", "program", largest),
                 str(query_text(request, "device", required=True)))
 
     def series_data(pid: int, device: str) -> dict:
@@ -188,13 +190,13 @@ def create_app(url: str | None = None, *, address: str | None = None,
         return data
 
     async def kernel_page(request: Request) -> Response:
-        data = await run(kernel_data, path_id(request, "trial_id", "kernel (trial)"))
+        data = await run(kernel_data, path_id(request, "trial_id", "kernel (trial)", largest))
         shown = highlighted(data["source"], data["device_key"]) if data["source"] else None
         return page(request, "kernel.html", title=f"kernel {data['structure_hash'][:12]}",
                     k=data, highlighted=shown)
 
     async def kernel_api(request: Request) -> Response:
-        data = await run(kernel_data, path_id(request, "trial_id", "kernel (trial)"))
+        data = await run(kernel_data, path_id(request, "trial_id", "kernel (trial)", largest))
         data.pop("drawings")
         return api(data)
 
@@ -212,13 +214,13 @@ def create_app(url: str | None = None, *, address: str | None = None,
 
     async def failures_page(request: Request) -> Response:
         filters = failure_filters(request)
-        data = await run(failures_data, filters, query_id(request, "before"))
+        data = await run(failures_data, filters, query_id(request, "before", largest))
         return page(request, "failures.html", title="failures", data=data,
                     filters={k: v or "" for k, v in filters.items()})
 
     async def failures_api(request: Request) -> Response:
         return api(await run(failures_data, failure_filters(request),
-                             query_id(request, "before")))
+                             query_id(request, "before", largest)))
 
     # -- cluster --------------------------------------------------------------------------
 

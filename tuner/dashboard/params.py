@@ -2,9 +2,10 @@
 any query runs, so that bad input is answered 404 (no such thing) or 400 (a malformed
 request), never 500.
 
-An id is ASCII digits up to the largest id either backend stores (``int()`` alone would take
-``١`` or ``²`` and overflow SQLite past 2**63); a text may not hold NUL (PostgreSQL refuses it
-in a parameter) nor be longer than ``MAX_TEXT``.
+An id is ASCII digits up to the largest id the database's key columns hold (``int()`` alone
+would take ``١`` or ``²``, overflow SQLite past 2**63 and PostgreSQL's ``integer`` past 2**31);
+a text may not hold NUL (PostgreSQL refuses it in a parameter) nor be longer than
+``MAX_TEXT``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Collection
 
 from starlette.requests import Request
 
-MAX_ID = 2**63 - 1  # the largest integer key SQLite and PostgreSQL (bigint) store
+MAX_ID = 2**63 - 1  # the largest integer SQLite stores (see tables.largest_id)
 MAX_TEXT = 4096
 _ID = re.compile(r"[0-9]{1,19}")
 
@@ -33,10 +34,10 @@ def not_found(what: str) -> BadInput:
     return BadInput(404, f"There is no {what} in this database.")
 
 
-def path_id(request: Request, name: str, what: str) -> int:
+def path_id(request: Request, name: str, what: str, largest: int = MAX_ID) -> int:
     """The id in the path parameter ``name``; 404 when it is not one that can exist."""
     raw = str(request.path_params.get(name, ""))
-    if not _ID.fullmatch(raw) or int(raw) > MAX_ID:
+    if not _ID.fullmatch(raw) or int(raw) > largest:
         raise not_found(f"{what} {raw[:64]}")
     return int(raw)
 
@@ -57,11 +58,11 @@ def query_text(request: Request, name: str, required: bool = False,
     return value
 
 
-def query_id(request: Request, name: str) -> int | None:
+def query_id(request: Request, name: str, largest: int = MAX_ID) -> int | None:
     """An id given in the query string (a page's ``?before=``); 400 when not one."""
     value = query_text(request, name)
     if value is None:
         return None
-    if not _ID.fullmatch(value) or int(value) > MAX_ID:
+    if not _ID.fullmatch(value) or int(value) > largest:
         raise BadInput(400, f"?{name}={value[:64]}: give a measurement id")
     return int(value)

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from optuna.storages._rdb.models import StudyModel, TrialModel
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import BigInteger, Engine, create_engine, event
 from sqlalchemy.exc import NoSuchTableError, OperationalError, ProgrammingError
 from sqlalchemy.pool import StaticPool
 
@@ -80,6 +80,14 @@ def read_only_engine(url: Any) -> Engine:
             cur.close()
             dbapi_connection.commit()
     return engine
+
+
+def largest_id(engine: Engine) -> int:
+    """The largest id db's key columns hold on this backend: a larger one names no row, and
+    is not a query to send (PostgreSQL refuses it for an ``integer`` column)."""
+    if engine.dialect.name == "sqlite":
+        return 2**63 - 1
+    return 2**63 - 1 if isinstance(M.id.type, BigInteger) else 2**31 - 1
 
 
 def savepoint(conn: Any) -> Any:
