@@ -7,7 +7,7 @@
 op by op with CuPy in the program's dtype (cuBLAS for the matmuls), both timed with CUDA events
 in the isolated worker; bandwidth is judged against a device-to-device copy measured in the run.
 
-Rows: every suite program (search.suite.SUITE) at its default shapes, softmax_rows at the three
+Rows: every suite program (search.ir.suite.SUITE) at its default shapes, softmax_rows at the three
 AStitch mapping shapes, and rmsnorm_residual.  Each row builds the structure (hand-written, or
 the winner of a search output in ``--structures DIR``) with the AStitch default config, checks
 it against the float64 reference, then times the fused kernel (in the isolated worker) and the

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/search.py [--programs a,b,...] [--workers 1,2] [--json FILE]
                                           [--time-limit S]
 
-Rows: every program of search.suite.SUITE at its default (paper) shapes, then
+Rows: every program of search.ir.suite.SUITE at its default (paper) shapes, then
 ``rmsnorm_matmul@16x1024`` (X (16, 1024), W (1024, 1024): the instance Mirage's published
 241.6 s search time is for) and ``lora@inputs4`` (lora with Limits(max_block_inputs=4): lora
 reads four tensors, so with the default three block inputs no single kernel can hold it).

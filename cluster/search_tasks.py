@@ -9,17 +9,8 @@ from __future__ import annotations
 import os
 import time
 
-from search import (
-    Context,
-    KernelGraph,
-    Limits,
-    Shard,
-    ShardResult,
-    from_obj,
-    run_shard,
-    structural_hash,
-    to_obj,
-)
+from search import Context, Limits, Shard, ShardResult, run_shard
+from search.ir import KernelGraph, from_obj, structural_hash, to_obj
 from verifier import DEFAULT_TESTS, equivalent
 
 _CONTEXTS: dict[tuple, tuple[Context, KernelGraph]] = {}

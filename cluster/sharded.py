@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from search import Limits, Program, SearchResult, ShardResult, run_search
+from search import Limits, SearchResult, ShardResult, run_search
+from search.ir import Program
 from verifier import DEFAULT_TESTS
 
 from .runtime import Executor, make_executor

@@ -8,7 +8,7 @@ from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernels import Device, thread_env
+from kernels import NODE_LOST, RUNTIME_ERROR, Device, thread_env
 
 from .slots import MeasureSlot, Method, TrialRequest, TrialResult
 
@@ -171,7 +171,7 @@ class SlotPool:
 
     def _failed(self, request: TrialRequest, lost: bool, why: str) -> TrialResult:
         tries = self.tries.pop(id(request), 0)
-        return TrialResult("node_lost" if lost else "runtime_error", request.tag,
+        return TrialResult(NODE_LOST if lost else RUNTIME_ERROR, request.tag,
                            ("the node running the measurement slot was lost" if lost
                             else "the measurement slot died")
                            + f" ({tries + 1} attempt(s)): {why}", config=dict(request.config))

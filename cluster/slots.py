@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from kernels import Device, DeviceSpec, IsolatedWorker, ReplayDevice, get_device
-from search import from_obj
+from kernels import OK, RUNTIME_ERROR, Device, DeviceSpec, IsolatedWorker, ReplayDevice, get_device
+from search.ir import from_obj
 
 Method = Literal["trial", "baseline"]
 
@@ -169,7 +169,7 @@ class MeasureSlot:
             from_obj(request.reference), seed=request.seed, timing=request.timing,
             worker=self.worker,
             timeout_s=600.0 if request.timeout_s is None else request.timeout_s)
-        return TrialResult("ok" if seconds is not None else "runtime_error", request.tag,
+        return TrialResult(OK if seconds is not None else RUNTIME_ERROR, request.tag,
                            "" if seconds is not None else
                            f"the op-by-op baseline could not be timed on {self.device.key}",
                            baseline_s=seconds)

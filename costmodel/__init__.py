@@ -20,6 +20,7 @@ from ._metrics import evaluate
 from ._models import MODEL_KINDS, CostModel, load_model, make_model
 from ._store import (
     KT_DTYPE,
+    KT_STATUS,
     evaluate_database,
     import_kernel_tuner,
     model_for,
@@ -27,7 +28,7 @@ from ._store import (
     train,
 )
 
-__all__ = ["FEATURE_VERSION", "KT_DTYPE", "MODEL_KINDS", "SPLITS", "CacheFormatError",
+__all__ = ["FEATURE_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_KINDS", "SPLITS", "CacheFormatError",
            "CostModel", "KernelTunerSpace", "Sample", "concat", "cross_validate", "evaluate",
            "evaluate_database", "featurize", "featurize_params", "folds", "import_kernel_tuner",
            "kernel_tuner_samples", "load_model", "make_model", "model_for", "read_kernel_tuner",

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from kernels import DeviceSpec, get_spec
-from search import from_obj
+from kernels import OK, DeviceSpec, get_spec, replay_key, replayed_gpu
+from search.ir import from_obj
 
 from ._features import Sample, featurize, featurize_params
 
@@ -35,7 +35,7 @@ class KernelTunerSpace:
 
     @property
     def device_key(self) -> str:
-        return f"replay:{self.device}"
+        return replay_key(self.device)
 
 
 class CacheFormatError(ValueError):
@@ -80,7 +80,7 @@ def read_kernel_tuner(path: str | Path) -> KernelTunerSpace:
 def spec_for_key(device_key: str) -> DeviceSpec:
     """The device table's row for a device key (``replay:<GPU>`` names the replayed GPU): its
     speeds are features, so a device the table does not know is an error, not a guess."""
-    name = device_key.split(":", 1)[1] if device_key.startswith("replay:") else device_key
+    name = replayed_gpu(device_key) or device_key
     try:
         return get_spec(name)
     except KeyError as err:
@@ -119,7 +119,7 @@ def sweep_samples(path: str | Path) -> Iterator[Sample]:
     graphs = {(r["program"], r["hash"]): from_obj(r["graph"]) for r in records
               if r["kind"] == "structure"}
     for r in records:
-        if r["kind"] != "trial" or r["status"] != "ok":
+        if r["kind"] != "trial" or r["status"] != OK:
             continue
         s = featurize(graphs[(r["program"], r["structure"])], r["config"], spec,
                       group=f"{r['program']}/{r['structure'][:12]}@{device}",

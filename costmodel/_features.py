@@ -30,13 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
-from search import OPS, KernelGraph
+from search.ir import MAX_RANK, OPS, KernelGraph
 
 FEATURE_VERSION = 2  # 2: µGraph node rows padded to NODE_DIM (they were 2 short)
 OPCODES = ["<pad>", "kt_config", *sorted(k for k in OPS if k not in ("input", "output")),
            "input", "output"]
 OPCODE = {name: i for i, name in enumerate(OPCODES)}
-MAX_RANK = 4
 KT_PARAMS = 12  # Kernel Tuner parameters kept per configuration (more are dropped)
 STAGES = ("kernel", "pre", "body", "post")
 LEVELS = (Level.LOCAL, Level.REGIONAL, Level.GLOBAL)

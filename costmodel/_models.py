@@ -141,6 +141,8 @@ class GbdtModel(CostModel):
         self.shape = lightgbm.train(params, lightgbm.Dataset(x, shape), self.trees)
 
     def predict(self, samples: Sequence[Sample]) -> np.ndarray:
+        if not samples:  # as every model: no samples, no predictions (np.stack refuses [])
+            return np.zeros(0)
         x = np.stack([s.flat() for s in samples])
         return np.exp(combine(self.level.predict(x), self.shape.predict(x),
                               group_rows(samples)))

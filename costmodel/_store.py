@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import db
-from kernels import DeviceSpec
-from search import from_obj
+from kernels import COMPILE_ERROR, OK, RUNTIME_ERROR, DeviceSpec
+from search.ir import from_obj
 
 from ._data import read_kernel_tuner, spec_for_key
 from ._evaluate import cross_validate
@@ -26,9 +26,10 @@ from ._metrics import evaluate
 from ._models import CostModel, load_model, make_model
 
 KT_DTYPE = "kernel_tuner"  # the dtype column of an imported Kernel Tuner space
-# Kernel Tuner's failure markers -> our measurement statuses
-KT_STATUS = {"CompilationFailedConfig": "compile_error", "RuntimeFailedConfig": "runtime_error",
-             "InvalidConfig": "runtime_error"}
+# Kernel Tuner's failure markers -> our measurement statuses (a marker not here: RUNTIME_ERROR);
+# tuner's replay of a Kernel Tuner space reads the same table
+KT_STATUS = {"CompilationFailedConfig": COMPILE_ERROR, "RuntimeFailedConfig": RUNTIME_ERROR,
+             "InvalidConfig": RUNTIME_ERROR}
 
 
 def import_kernel_tuner(database: db.Database, path: str | Path) -> dict:
@@ -42,16 +43,16 @@ def import_kernel_tuner(database: db.Database, path: str | Path) -> dict:
     for config, seconds, marker in zip(space.configs, space.times_s, space.failures,
                                        strict=True):
         if math.isnan(seconds):
-            status = KT_STATUS.get(str(marker), "runtime_error")
+            status = KT_STATUS.get(str(marker), RUNTIME_ERROR)
             configs.append(db.MeasuredConfig(config, status, None, str(marker)))
         else:
-            configs.append(db.MeasuredConfig(config, "ok", seconds))
+            configs.append(db.MeasuredConfig(config, OK, seconds))
     added, total = db.record_measured_space(
         database, program_hash=phash, shapes={"problem_size": list(space.problem_size)},
         dtype=KT_DTYPE, name=space.kernel, graph=program, structure_hash=phash,
         structure=program, device_key=space.device_key, configs=configs)
     return {"file": str(path), "kernel": space.kernel, "device_key": space.device_key,
-            "configs": total, "added": added, "ok": sum(c.status == "ok" for c in configs)}
+            "configs": total, "added": added, "ok": sum(c.status == OK for c in configs)}
 
 
 def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:

@@ -25,7 +25,7 @@ BUSY_TIMEOUT_MS = 30_000
 WRITE_OPTION = "tuner_write"
 READ_ONCE_OPTION = "tuner_read_once"
 
-_EXAMPLES = "sqlite:///./tuner.db or postgresql+psycopg://user:password@host:5432/dbname"
+_EXAMPLES = f"{DEFAULT_URL} or postgresql+psycopg://user:password@host:5432/dbname"
 _DRIVERS = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary"}
 
 

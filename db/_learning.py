@@ -32,6 +32,7 @@ from db._models import (
     utcnow,
 )
 from db._records import LIBRARY_PREFIX, check_choice, check_key, config_hash, json_text, utc
+from kernels import OK
 
 if TYPE_CHECKING:
     from db._store import Database
@@ -96,7 +97,7 @@ def training_rows(database: Database, device_key: str | None = None) -> list[Tra
             .join(TrialRow, MeasurementRow.trial_id == TrialRow.id)
             .join(StructureRow, TrialRow.structure_id == StructureRow.id)
             .join(ProgramRow, StructureRow.program_id == ProgramRow.id)
-            .where(MeasurementRow.status == "ok", MeasurementRow.attempt == 0,
+            .where(MeasurementRow.status == OK, MeasurementRow.attempt == 0,
                    ~StructureRow.structure_hash.startswith(LIBRARY_PREFIX))  # no kernel
             .order_by(MeasurementRow.id))
     if device_key:
@@ -113,7 +114,7 @@ def training_rows(database: Database, device_key: str | None = None) -> list[Tra
 
 
 def newest_measurement_id(database: Database, device_key: str | None = None) -> int:
-    stmt = select(func.max(MeasurementRow.id)).where(MeasurementRow.status == "ok")
+    stmt = select(func.max(MeasurementRow.id)).where(MeasurementRow.status == OK)
     if device_key:
         stmt = stmt.where(MeasurementRow.device_key == device_key)
     with database.session(write=False) as s:
@@ -131,7 +132,7 @@ def record_measured_space(database: Database, *, program_hash: str, shapes: Any,
     rows = list(configs)
     for r in rows:
         check_choice(r.status, "measurement status", MEASUREMENT_STATUSES)
-        if r.status == "ok" and not (r.median_s and r.median_s > 0):
+        if r.status == OK and not (r.median_s and r.median_s > 0):
             raise ValueError(f"configuration {r.config}: status ok needs a time > 0")
     program_id = database.record_program(program_hash, shapes, dtype, name, graph)
     structure_id = database.record_structure(program_id, structure_hash, structure,
@@ -158,7 +159,7 @@ def record_measured_space(database: Database, *, program_hash: str, shapes: Any,
                 TrialRow.structure_id == structure_id, TrialRow.device_key == device_key)).all())
         s.execute(MeasurementRow.__table__.insert(), [
             {"trial_id": ids[h], "device_key": device_key, "attempt": 0, "status": r.status,
-             "median_s": r.median_s if r.status == "ok" else None, "spread_s": None,
+             "median_s": r.median_s if r.status == OK else None, "spread_s": None,
              "samples_json": None, "max_error": None,
              "message": None if r.message is None else str(r.message)[:2000], "host": host,
              "measured_at": now} for h, r in fresh.items()])

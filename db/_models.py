@@ -25,6 +25,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# the trial statuses are kernels' (its devices produce them): the one import of db from another
+# package of ours, a leaf that imports nothing (kernels/devices/_status.py)
+from kernels import MEASUREMENT_STATUSES, OK
+
 #: Table-name prefix shared by every table this package owns.
 PREFIX = "tuner_"
 #: Alembic's version table for our migrations; Optuna keeps its own ``alembic_version``.
@@ -32,8 +36,6 @@ VERSION_TABLE = "tuner_alembic_version"
 
 JOB_STATUSES = ("running", "finished", "failed", "interrupted")
 SHARD_STATUSES = ("running", "finished", "failed")
-MEASUREMENT_STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result",
-                        "node_lost")
 
 # Lengths of key columns: bounded so that they fit in a PostgreSQL b-tree index entry.
 HASH_LEN = 128
@@ -153,7 +155,7 @@ class MeasurementRow(Base):
     __table_args__ = (
         UniqueConstraint("trial_id", "device_key", "attempt", name="key"),
         CheckConstraint(_in("status", MEASUREMENT_STATUSES), name="status"),
-        CheckConstraint("status <> 'ok' OR median_s IS NOT NULL", name="ok_has_time"),
+        CheckConstraint(f"status <> '{OK}' OR median_s IS NOT NULL", name="ok_has_time"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -31,6 +31,7 @@ from db._records import (
     shapes_key,
     utc,
 )
+from kernels import OK
 
 _B, _S, _T = BestKernelRow.__table__.c, StructureRow.__table__.c, TrialRow.__table__.c
 
@@ -289,7 +290,7 @@ class Reads:
         measured = (select(StructureRow.program_id,
                            func.count(func.distinct(TrialRow.id)).label("configs"),
                            func.count(MeasurementRow.id).label("timings"),
-                           func.sum(case((MeasurementRow.status != "ok", 1), else_=0))
+                           func.sum(case((MeasurementRow.status != OK, 1), else_=0))
                            .label("failed"),
                            func.max(MeasurementRow.measured_at).label("last"))
                     .join(TrialRow, TrialRow.structure_id == StructureRow.id)

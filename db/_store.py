@@ -51,6 +51,7 @@ from db._records import (
     shapes_key,
     utc,
 )
+from kernels import OK
 
 MAX_MESSAGE = 65_536  # characters of an error message kept (compiler logs can be huge)
 
@@ -271,7 +272,7 @@ class Database(Reads):
         """
         check_choice(status, "measurement status", MEASUREMENT_STATUSES)
         median = check_time(median_s, "median_s")
-        if status == "ok" and not median:
+        if status == OK and not median:
             raise ValueError("a measurement with status 'ok' needs median_s > 0")
         if not isinstance(attempt, int) or attempt < 0:
             raise ValueError(f"attempt must be an int >= 0, got {attempt!r}")
@@ -324,7 +325,7 @@ class Database(Reads):
             if row is None:
                 raise ValueError(f"no measurement with id {measurement_id}")
             m, program = row.MeasurementRow, row.ProgramRow
-            if m.status != "ok":
+            if m.status != OK:
                 return False
             values = _best_row(m, row.structure_id, program, source, m.median_s, baseline)
             return self._upsert_best(s, values, only_faster=True)
@@ -345,7 +346,7 @@ class Database(Reads):
             ).all()
             if not rows:
                 raise ValueError(f"no measurements of trial {trial_id}")
-            if any(r.MeasurementRow.status != "ok" for r in rows):
+            if any(r.MeasurementRow.status != OK for r in rows):
                 return None
             confirmed = statistics.median(r.MeasurementRow.median_s for r in rows)
             last, program = rows[-1].MeasurementRow, rows[-1].ProgramRow

@@ -24,7 +24,10 @@ _EXPORTS = {
     # devices
     "Device": "devices", "DeviceUnavailable": "devices", "Execution": "devices",
     "get_device": "devices", "ReplayDevice": "devices", "IsolatedWorker": "devices",
-    "RunResult": "devices", "run_isolated": "devices", "STATUSES": "devices",
+    "RunResult": "devices", "run_isolated": "devices",
+    "OK": "devices", "COMPILE_ERROR": "devices", "RUNTIME_ERROR": "devices", "TIMEOUT": "devices",
+    "WRONG_RESULT": "devices", "INVALID": "devices", "NODE_LOST": "devices",
+    "STATUSES": "devices", "TRIAL_STATUSES": "devices", "MEASUREMENT_STATUSES": "devices",
     "Timing": "devices", "measure": "devices", "compile_cpp": "devices",
     "CompileError": "devices", "nvcc_check": "devices", "nvcc_available": "devices",
     "random_inputs": "devices", "tolerance": "devices", "thread_env": "devices",
@@ -35,6 +38,9 @@ _EXPORTS = {
     "local_cpu_spec": "hardware", "cpu_simd": "hardware", "cuda_device_spec": "hardware", "device_key": "hardware",
     "cuda_available": "hardware", "roofline": "hardware", "cache_root": "hardware",
     "measure_copy_bandwidth": "hardware", "measure_cpu_bandwidth": "hardware",
+    "DEVICE_KINDS": "hardware", "DEVICE_NAME": "hardware", "REPLAY": "hardware",
+    "parse_device_name": "hardware", "device_kind": "hardware", "replay_key": "hardware",
+    "replayed_gpu": "hardware",
     # tuning helpers
     "ConfigSpace": "configspace", "config_space": "configspace", "estimate": "configspace",
     "rank_structures": "configspace", "legal": "configspace",

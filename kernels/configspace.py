@@ -30,7 +30,7 @@ from kernels.lowering import (
     lower,
     resolve_spec,
 )
-from search import KernelGraph, ShapeError, op_flops
+from search.ir import KernelGraph, ShapeError, op_flops
 
 MAX_SPLIT = 16  # blocks per row beyond this only add partial sums on any device we know
 GPU_BLOCKS = (64, 128, 256, 512, 1024)

@@ -272,6 +272,45 @@ def _cache_bytes(level: int, default: int) -> int:
     return default
 
 
+# Device names: what a job file, the CLI, the API and get_device accept.  ``cuda`` is GPU 0
+# (in a job file: every GPU), ``cuda:N`` GPU number N; ``replay`` is a job file's device for
+# recorded (Kernel Tuner) spaces, no hardware.  Device keys (below) name the hardware itself.
+DEVICE_KINDS = ("cpu", "cuda")  # the kinds of a machine's devices (get_device's)
+REPLAY = "replay"
+DEVICE_NAME = re.compile(rf"{DEVICE_KINDS[0]}|{REPLAY}|{DEVICE_KINDS[1]}(?::(\d+))?")
+
+
+def parse_device_name(text: str) -> tuple[str, int | None]:
+    """``cpu`` -> ("cpu", None), ``cuda`` -> ("cuda", None), ``cuda:N`` -> ("cuda", N),
+    ``replay`` -> ("replay", None); ``ValueError`` (naming the grammar) for anything else."""
+    m = DEVICE_NAME.fullmatch(text)
+    if m is None:
+        raise ValueError(f"unknown device {text!r}; use one of cpu, cuda, cuda:N"
+                         f" (or {REPLAY} in a job file)")
+    return text.partition(":")[0], None if m.group(1) is None else int(m.group(1))
+
+
+def device_kind(name_or_key: str) -> str:
+    """The kind a device name (``cuda:1``) or device key (``cuda:NVIDIA H100:sm_90``,
+    ``replay:A100``) names: its first word, checked against the kinds."""
+    kind = name_or_key.partition(":")[0]
+    if kind not in (*DEVICE_KINDS, REPLAY):
+        raise ValueError(f"{name_or_key!r} names no device kind; kinds: "
+                         f"{', '.join((*DEVICE_KINDS, REPLAY))}")
+    return kind
+
+
+def replay_key(gpu: str) -> str:
+    """The device key of a recorded (Kernel Tuner) space timed on ``gpu``: ``replay:<gpu>``."""
+    return f"{REPLAY}:{gpu}"
+
+
+def replayed_gpu(key: str) -> str | None:
+    """The GPU a ``replay:<GPU>`` device key names; None for any other key."""
+    kind, sep, gpu = key.partition(":")
+    return gpu if kind == REPLAY and sep else None
+
+
 def device_key(kind: str = "cpu", index: int = 0) -> str:
     """Name the hardware: 'cpu:<model>:<cores>c' or 'cuda:<gpu name>:sm_<cc>'.
 

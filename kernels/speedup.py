@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from search import DTYPE_BYTES, KernelGraph, Program, handwritten
+from search.ir import DTYPE_BYTES, KernelGraph, Program, handwritten
 
-from .devices import Device, IsolatedWorker, get_device, random_inputs
+from .devices import RUNTIME_ERROR, Device, IsolatedWorker, get_device, random_inputs
 
 DEFAULT_TIMING = {"warmup": 2, "min_repeats": 7, "budget_s": 1.0, "target_rse": 0.02}
 
@@ -63,7 +63,7 @@ def measure_program(program: Program, structure: KernelGraph | None = None,
         out.max_error = max(res.max_abs_err)
     if not res.ok or not res.timing or not res.baseline:
         if res.ok:
-            out.status, out.message = "runtime_error", "the kernel or the baseline was not timed"
+            out.status, out.message = RUNTIME_ERROR, "the kernel or the baseline was not timed"
         return out
     out.kernel_s, out.baseline_s = res.timing["median_s"], res.baseline["median_s"]
     out.speedup = out.baseline_s / out.kernel_s

@@ -21,8 +21,7 @@ if TYPE_CHECKING:
     import egglog.bindings as egg
 
 from .dimclass import dim_classes, out_classes
-from .graph import BlockGraph, Graph, KernelGraph
-from .ops import EGG_FUNCTIONS, OPS, Expr
+from .ir import EGG_FUNCTIONS, OPS, BlockGraph, Expr, Graph, KernelGraph
 
 _AXIOMS = """
 (rewrite (Add a b) (Add b a))

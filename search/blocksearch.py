@@ -14,9 +14,7 @@ import time
 from collections.abc import Iterator
 
 from .dimclass import out_classes
-from .dims import ShapeError
-from .graph import BlockGraph, KernelGraph
-from .ops import OPS
+from .ir import OPS, BlockGraph, KernelGraph, ShapeError
 from .space import GRID_SYMBOLS, Context, Shard, Stats, op_key
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import KernelGraph
+from .ir import KernelGraph
 
 
 class _UnionFind:

@@ -19,11 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from .enumerate import Context, Limits, Shard, Stats, plan_configs, split_shard
-from .graph import KernelGraph
-from .lang import Program
+from .ir import KernelGraph, Program, from_obj, small_instance, structural_hash, to_obj
 from .ranking import describe, flops, rank
-from .serialize import from_obj, structural_hash, to_obj
-from .suite import small_instance
 
 
 class Executor(Protocol):

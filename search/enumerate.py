@@ -17,9 +17,7 @@ import itertools
 from .absexpr import target_expressions
 from .blocksearch import BlockSearch
 from .dimclass import DimClasses, dim_classes
-from .dims import ShapeError
-from .graph import KernelGraph
-from .ops import OPS, Expr
+from .ir import OPS, Expr, KernelGraph, ShapeError
 from .space import (
     DEFAULT_BLOCK_OPS,
     DEFAULT_KERNEL_OPS,

@@ -8,7 +8,7 @@ sizes.  Every op's shape rule is respected by construction and checked again by 
 text (``parse_program`` builds the graph), so what comes back always builds; the same seed
 always gives the same program (``random.Random(seed)``, nothing else).
 
-Op choices come from the op table (``search.ops``): whatever ``UNARY_OPS``, ``BINARY_OPS``
+Op choices come from the op table (``search.ir.ops``): whatever ``UNARY_OPS``, ``BINARY_OPS``
 and ``ROW_REDUCTIONS`` hold, matmul as the table's two-operand op that is neither
 elementwise nor a reduction, and the elementwise op that takes a scalar.  A new op in the
 table is drawn without touching this module, as long as it falls into one of those kinds.
@@ -22,8 +22,17 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .lang import Program, parse_program
-from .ops import BINARY_OPS, COMPUTE_OPS, DTYPES, KERNEL, OPS, ROW_REDUCTIONS, UNARY_OPS
+from .ir import (
+    BINARY_OPS,
+    COMPUTE_OPS,
+    DTYPES,
+    KERNEL,
+    OPS,
+    ROW_REDUCTIONS,
+    UNARY_OPS,
+    Program,
+    parse_program,
+)
 
 # Dimension sizes: powers of two and a few irregular (but even) sizes; small enough that a
 # search and a CPU measurement take seconds, large enough that tilings differ in speed.

@@ -11,10 +11,7 @@ symbols.
 
 from __future__ import annotations
 
-from .dims import SymDim
-from .graph import KernelGraph
-from .ops import DTYPE_BYTES, op_flops
-from .serialize import to_obj
+from .ir import DTYPE_BYTES, KernelGraph, SymDim, op_flops, to_obj
 
 NOMINAL = 16.0
 MIN_PART = 64

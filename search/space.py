@@ -11,8 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from .absexpr import Expressions, SaturatedTarget, saturate, target_expressions
 from .dimclass import DimClasses, dim_classes
-from .graph import KernelGraph
-from .ops import EGG_FUNCTIONS, OPS, Expr
+from .ir import EGG_FUNCTIONS, OPS, Expr, KernelGraph
 
 DEFAULT_KERNEL_OPS = ("matmul", "exp", "silu", "add", "mul", "div", "sum", "rms_norm")
 DEFAULT_BLOCK_OPS = ("matmul", "exp", "square", "sqrt", "silu", "sigmoid", "gelu", "relu",

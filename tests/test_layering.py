@@ -33,3 +33,42 @@ def test_the_checker_sees_a_circle_and_an_upward_arrow():
              "db.x": {"tuner.y"}}
     assert tool.cycles(edges) == [["search.a", "search.b"]]
     assert len(tool.upward(edges)) == 2
+
+
+def test_the_ir_is_a_floor_below_the_search_algorithm():
+    """verifier, kernels and costmodel stand on ``search.ir``; an arrow from them into the
+    search algorithm (``search``, ``search.driver``, ...) points up, and so does one from the
+    IR into the algorithm."""
+    tool = _tool()
+    allowed = {"verifier.interp": {"search.ir"}, "kernels.lowering._lower": {"search.ir.graph"},
+               "costmodel._features": {"search.ir"}, "search.driver": {"search.ir"},
+               "cluster.runtime": {"search", "search.ir"}}
+    assert tool.upward(allowed) == []
+    for bad in ({"verifier.interp": {"search"}}, {"kernels.devices._base": {"search.driver"}},
+                {"costmodel._features": {"search.enumerate"}}, {"search.ir.graph": {"search.space"}},
+                {"db._models": {"search.ir"}}):
+        assert len(tool.upward(bad)) == 1, bad
+
+
+def test_imports_for_type_checking_count(tmp_path, monkeypatch):
+    """An import under ``if TYPE_CHECKING:`` is an arrow like any other: a circle hidden there
+    is still found."""
+    tool = _tool()
+    pkg = tmp_path / "search"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\n\n"
+                              "if TYPE_CHECKING:\n    from .a import x\n")
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    assert tool.cycles(tool.graph()) == [["search.a", "search.b"]]
+
+
+def test_the_dashboard_cannot_stand_on_the_launch():
+    """tuner's rooms: the read-only dashboard may read identity and the job file, never the
+    launch pipeline or the CLI."""
+    tool = _tool()
+    edges = {"tuner.dashboard.progress": {"tuner.identity", "tuner.pipeline.run"},
+             "tuner.identity": set(), "tuner.pipeline.run": {"tuner.identity"}}
+    assert tool.upward(edges) == ["tuner.dashboard.progress -> tuner.pipeline.run (a lower "
+                                  "tuner room imports a higher one)"]

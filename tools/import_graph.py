@@ -2,13 +2,16 @@
 
     .venv/bin/python tools/import_graph.py [--mermaid | --dot] [--modules]
 
-Every ``import`` of every module of the packages counts, function-local ones included (they are
-where circles hide); imports under ``if TYPE_CHECKING:`` do not (they never run).  Two checks:
+Every ``import`` of every module of the packages counts: function-local ones (they are where
+circles hide) and those under ``if TYPE_CHECKING:`` too (a circle a type checker must walk is
+still a circle, and an arrow a reader must follow still points somewhere).  Two checks:
 
 - circles: no two modules import each other, directly or around a loop;
 - layers: a package imports only the packages below it (``LAYERS``, from the architecture
-  doc), and inside ``kernels`` the rooms follow hardware < lowering < rendering < devices <
-  the tuning helpers, so no arrow points up.
+  doc; the IR, ``search.ir``, is a layer of its own below the search algorithm in
+  ``search``), and inside ``kernels`` the rooms follow hardware < lowering < rendering <
+  devices < the tuning helpers, inside ``tuner`` formatting, samplers < jobfile < identity <
+  api < serving < dashboard < pipeline < cli, so no arrow points up.
 
 Prints the package graph (``--modules``: the module graph) as Mermaid or Graphviz DOT and the
 violations; exits 1 when there is one.
@@ -24,33 +27,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("search", "verifier", "kernels", "db", "costmodel", "cluster", "tuner")
-# what each package may import (architecture.md); a package not here may import nothing ours
+# the layers: each top-level package, and the IR inside search as a layer of its own
+SUBLAYERS = ("search.ir",)
+# what each layer may import (architecture.md); a layer not here may import nothing ours
 LAYERS = {
-    "search": set(),
-    "db": set(),
-    "verifier": {"search"},
-    "kernels": {"search", "verifier"},
-    "costmodel": {"search", "kernels", "db"},
-    "cluster": {"search", "verifier", "kernels", "db"},
-    "tuner": {"search", "verifier", "kernels", "db", "costmodel", "cluster"},
+    "search.ir": set(),
+    # db: only the trial statuses, from kernels' face (kernels/devices/_status.py, a leaf that
+    # imports nothing: its devices produce them, db stores them)
+    "db": {"kernels"},
+    "search": {"search.ir"},
+    "verifier": {"search.ir"},
+    "kernels": {"search.ir", "verifier"},
+    "costmodel": {"search.ir", "kernels", "db"},
+    "cluster": {"search", "search.ir", "verifier", "kernels", "db"},
+    "tuner": {"search", "search.ir", "verifier", "kernels", "db", "costmodel", "cluster"},
 }
 # the rooms of kernels, bottom first: a room may import the rooms before it
 KERNEL_ROOMS = ("kernels.hardware", "kernels.lowering", "kernels.rendering", "kernels.devices",
                 ("kernels.configspace", "kernels.speedup"))
+# the rooms of tuner's wings, bottom first: the read-only dashboard sits below the launch
+# (``tuner.pipeline``) and the CLI, so it can never stand on them
+TUNER_ROOMS = (("tuner.formatting", "tuner.samplers"), "tuner.jobfile", "tuner.identity",
+               "tuner.api", "tuner.serving", "tuner.dashboard", "tuner.pipeline",
+               ("tuner.cli", "tuner.mirage_compat"))
+ROOMS = {"kernels": KERNEL_ROOMS, "tuner": TUNER_ROOMS}
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for sub in node.body:
-                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
-    return lines
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
@@ -59,11 +64,8 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     tree = ast.parse(path.read_text(), str(path))
-    skip = _type_checking_lines(tree)
     out: set[str] = set()
     for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -127,8 +129,16 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _room(module: str) -> int | None:
-    for i, room in enumerate(KERNEL_ROOMS):
+def layer_of(module: str) -> str:
+    """The layer a module belongs to: ``search.ir`` for the IR, else its top-level package."""
+    for sub in SUBLAYERS:
+        if module == sub or module.startswith(sub + "."):
+            return sub
+    return module.split(".")[0]
+
+
+def _room(module: str, rooms: tuple = KERNEL_ROOMS) -> int | None:
+    for i, room in enumerate(rooms):
         for r in (room if isinstance(room, tuple) else (room,)):
             if module == r or module.startswith(r + "."):
                 return i
@@ -136,25 +146,26 @@ def _room(module: str) -> int | None:
 
 
 def upward(edges: dict[str, set[str]]) -> list[str]:
-    """Arrows that point up: across packages against LAYERS, inside kernels against its rooms."""
+    """Arrows that point up: across packages against LAYERS, inside kernels and tuner against
+    their rooms."""
     out = []
     for a, targets in sorted(edges.items()):
-        pa = a.split(".")[0]
+        pa = layer_of(a)
         for b in sorted(targets):
-            pb = b.split(".")[0]
+            pb = layer_of(b)
             if pa != pb and pb not in LAYERS.get(pa, set()):
                 out.append(f"{a} -> {b} ({pa} may not import {pb})")
-            elif pa == pb == "kernels":
-                ra, rb = _room(a), _room(b)
+            elif pa == pb and pa in ROOMS:
+                ra, rb = _room(a, ROOMS[pa]), _room(b, ROOMS[pa])
                 if ra is not None and rb is not None and rb > ra:
-                    out.append(f"{a} -> {b} (a lower kernels room imports a higher one)")
+                    out.append(f"{a} -> {b} (a lower {pa} room imports a higher one)")
     return out
 
 
 def node_of(module: str) -> str:
-    """A module's node in the drawn graph: its package, or its room inside kernels."""
+    """A module's node in the drawn graph: its layer, or its room inside kernels."""
     parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "kernels" and len(parts) > 1 else parts[0]
+    return ".".join(parts[:2]) if parts[0] == "kernels" and len(parts) > 1 else layer_of(module)
 
 
 def collapse(edges: dict[str, set[str]]) -> dict[str, set[str]]:

@@ -49,7 +49,7 @@ def space_identity(space: KernelTunerSpace) -> tuple[dict, str]:
 def entry_key(entry: ProgramEntry) -> list:
     """One job entry's part of the job key: a program by its key, a Kernel Tuner space by
     its identity and the GPU it replays."""
-    if entry.space is not None:
+    if entry.program is None:  # a Kernel Tuner space (``entry.space``)
         return [entry.space.kernel, space_identity(entry.space)[1], entry.space.device_key]
     k = program_key(entry.program)
     return [k.name, k.program_hash, k.shapes]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from search import KernelGraph
+from search.ir import KernelGraph
 
 from .arith import FloatArith
 from .interp import run

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from search import KernelGraph, ShapeError, fmt_shape
+from search.ir import KernelGraph, ShapeError, fmt_shape
 
 from .arith import Arithmetic, FieldArith, FloatArith, P, Q
 from .interp import run

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from search import BINARY_OPS, UNARY_OPS, BlockGraph, KernelGraph, ShapeError
+from search.ir import BINARY_OPS, UNARY_OPS, BlockGraph, KernelGraph, ShapeError
 
 from .arith import Arithmetic
 

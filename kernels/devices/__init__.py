@@ -32,9 +32,12 @@ _EXPORTS = {
     "nvcc_available": "_compile", "find_nvcc": "_compile", "NvccReport": "_compile",
     "KernelResources": "_compile", "normalize_arch": "_compile", "DEFAULT_CPP_FLAGS": "_compile", "cpp_flags": "_compile",
     "IsolatedWorker": "_isolate", "RunResult": "_isolate", "run_isolated": "_isolate",
-    "STATUSES": "_isolate", "compare_outputs": "_isolate",
+    "compare_outputs": "_isolate",
     "measure": "_timing", "Timing": "_timing", "Clock": "_timing", "HostClock": "_timing",
-    "get_device": "_registry", "DEVICE_KINDS": "_registry",
+    "get_device": "_registry",
+    "OK": "_status", "COMPILE_ERROR": "_status", "RUNTIME_ERROR": "_status", "TIMEOUT": "_status",
+    "WRONG_RESULT": "_status", "INVALID": "_status", "NODE_LOST": "_status",
+    "STATUSES": "_status", "TRIAL_STATUSES": "_status", "MEASUREMENT_STATUSES": "_status",
 }
 
 __all__ = sorted(_EXPORTS)

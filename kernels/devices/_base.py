@@ -28,11 +28,12 @@ import numpy as np
 from kernels.hardware import DeviceSpec
 from kernels.lowering import KernelPlan, concretize, lower
 from kernels.rendering import render
-from search import KernelGraph, ShapeError
+from search.ir import KernelGraph, ShapeError
 from verifier import equivalent
 
 from ._check import Expected, expected, random_inputs
 from ._isolate import IsolatedWorker
+from ._status import INVALID, OK, RUNTIME_ERROR, WRONG_RESULT
 
 TRIAL_TIMING = {"warmup": 1, "min_repeats": 5, "budget_s": 0.3, "target_rse": 0.03}
 FIELD_CHECK_MAX_ELEMS = 1 << 18  # bound graphs larger than this skip the full-shape field check
@@ -61,7 +62,7 @@ class Execution:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == OK
 
 
 class Device(ABC):
@@ -155,7 +156,7 @@ class Device(ABC):
         reference.  Returns ``status`` (``STATUSES`` plus "invalid" for a config that does not
         lower), ``message``, ``median_s``/``spread_s``/``samples`` when ok, ``max_error``,
         ``source``, ``config`` (with the knobs the rule filled in), ``kernels``, ``host``."""
-        out: dict[str, Any] = {"status": "invalid", "message": "", "config": dict(config),
+        out: dict[str, Any] = {"status": INVALID, "message": "", "config": dict(config),
                                "host": socket.gethostname(), "source": None}
         timing = {**TRIAL_TIMING, **(timing or {})}
         t0 = time.perf_counter()
@@ -168,7 +169,7 @@ class Device(ABC):
         out["config"], out["kernels"] = dict(plan.config), len(plan.kernels)
         why = field_check(reference, bound)
         if why:
-            out.update(status="wrong_result", message=why)
+            out.update(status=WRONG_RESULT, message=why)
             return out
         res = self.check(plan, reference, seed=seed, timing=dict(timing), worker=worker,
                          timeout_s=timeout_s)
@@ -179,7 +180,7 @@ class Device(ABC):
             tm = res.timing
             out.update(median_s=tm["median_s"], spread_s=tm["iqr_s"], samples=tm["samples_s"])
         elif res.ok:
-            out.update(status="runtime_error", message="the kernel ran but was not timed")
+            out.update(status=RUNTIME_ERROR, message="the kernel ran but was not timed")
         out["wall_s"] = time.perf_counter() - t0
         return out
 

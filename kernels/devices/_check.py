@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from search import KernelGraph
+from search.ir import KernelGraph
 from verifier import FloatArith, run
 
 # (rtol, atol) by the dtype the device computes in: CPU kernels compute float32 whatever the

@@ -21,13 +21,14 @@ import numpy as np
 
 from kernels.hardware import DeviceSpec, device_key, local_cpu_spec
 from kernels.lowering import KernelPlan
-from search import KernelGraph, from_obj, to_obj
+from search.ir import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, Execution
 from ._check import Expected, random_inputs
 from ._compile import compile_cpp
 from ._isolate import IsolatedWorker, run_isolated
+from ._status import OK
 from ._timing import measure
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # who sets cores
@@ -135,7 +136,7 @@ def baseline_job(inputs: list, expected: list, args: dict) -> dict:
     xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
     arith = FloatArith()
     timing = measure(lambda: run(graph, xs, arith), **(args["timing"] or {}))
-    return {"status": "ok", "message": "", "timing": timing.as_dict()}
+    return {"status": OK, "message": "", "timing": timing.as_dict()}
 
 
 class CpuKernel:

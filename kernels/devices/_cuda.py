@@ -24,12 +24,13 @@ import numpy as np
 
 from kernels.hardware import DeviceSpec, cuda_available, cuda_device_spec, device_key
 from kernels.lowering import KernelPlan
-from search import KernelGraph, from_obj, to_obj
+from search.ir import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution
 from ._check import Expected, random_inputs
 from ._isolate import IsolatedWorker, compare_outputs, run_isolated
+from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, WRONG_RESULT
 from ._timing import measure
 
 
@@ -251,7 +252,7 @@ def worker_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dict)
     dtype after the kernel)."""
     ok, reason = cuda_available()
     if not ok:
-        return {"status": "runtime_error", "message": f"the cuda device is unavailable: {reason}"}
+        return {"status": RUNTIME_ERROR, "message": f"the cuda device is unavailable: {reason}"}
     import cupy as cp
 
     cp.cuda.Device(args.get("device", 0)).use()
@@ -259,7 +260,7 @@ def worker_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dict)
     try:
         kernel = CudaKernel(cp, plan, args["source"])
     except cp.cuda.compiler.CompileException as e:
-        return {"status": "compile_error", "message": str(e).strip()[:4000]}
+        return {"status": COMPILE_ERROR, "message": str(e).strip()[:4000]}
     io = {b.io_index: b.dtype for b in plan.inputs}
     xs = [cp.asarray(to_storage(x, io[i])) for i, x in enumerate(inputs)]
     outs = [cp.asarray(to_storage(np.full(b.shape, np.nan, np.float32), b.dtype))
@@ -268,14 +269,14 @@ def worker_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dict)
         kernel(xs, outs)
         cp.cuda.Device().synchronize()
     except _errors(cp) as e:
-        return {"status": "runtime_error", "message": f"kernel launch failed: {e}"}
+        return {"status": RUNTIME_ERROR, "message": f"kernel launch failed: {e}"}
     host = [from_storage(cp.asnumpy(o), b.dtype) for o, b in zip(outs, plan.outputs, strict=True)]
-    reply: dict = {"status": "ok", "message": "", "outputs": host}
+    reply: dict = {"status": OK, "message": "", "outputs": host}
     if expected:
         errs, bad = compare_outputs(host, expected, args["rtol"], args["atol"])
         reply["max_abs_err"] = errs
         if bad:
-            reply.update(status="wrong_result", message=bad)
+            reply.update(status=WRONG_RESULT, message=bad)
             return reply
     if args.get("timing") is None:
         return reply
@@ -289,7 +290,7 @@ def worker_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dict)
                     for i, x in enumerate(xs)]
             reply["baseline"] = _time_reference(cp, args["baseline"], base, args["timing"])
     except _errors(cp) as e:
-        return {"status": "runtime_error", "message": f"failed while timing: {e}"}
+        return {"status": RUNTIME_ERROR, "message": f"failed while timing: {e}"}
     return reply
 
 
@@ -301,10 +302,10 @@ def baseline_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dic
     dtype = STORAGE.get(args["dtype"], np.float32)
     xs = [cp.asarray(x, np.float32 if dtype == np.uint16 else dtype) for x in inputs]
     try:
-        return {"status": "ok", "message": "",
+        return {"status": OK, "message": "",
                 "timing": _time_reference(cp, args["reference"], xs, args["timing"])}
     except _errors(cp) as e:
-        return {"status": "runtime_error", "message": f"the baseline failed: {e}"}
+        return {"status": RUNTIME_ERROR, "message": f"the baseline failed: {e}"}
 
 
 def _time_reference(cp: Any, graph_obj: dict, xs: list, timing: dict) -> dict:

@@ -15,7 +15,7 @@ from typing import Any
 
 from kernels.hardware import DeviceSpec
 from kernels.lowering import KernelPlan
-from search import KernelGraph
+from search.ir import KernelGraph
 
 from ._base import Device, Execution
 

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from ._compile import CompileError, compile_cpp, cpp_flags
+from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT
 from ._timing import measure
 
-STATUSES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result")
 _JOB_KEYS = {"library", "source", "call", "args", "env", "flags", "function", "inputs",
              "outputs", "expected", "rtol", "atol", "timing", "output_fill"}
 _ENV_LOCK = threading.Lock()  # os.environ is patched while a worker process is spawned
@@ -53,7 +53,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == OK
 
 
 # ---------------------------------------------------------------- worker side
@@ -128,7 +128,7 @@ def _run_job(msg: dict, libs: dict) -> dict:
     try:
         fn = getattr(lib, msg["function"])
     except AttributeError:
-        return {"status": "runtime_error", "message": (
+        return {"status": RUNTIME_ERROR, "message": (
             f"function {msg['function']!r} is not exported by {msg['library']}; declare it "
             f"extern \"C\" void {msg['function']}(float** inputs, float** outputs)")}
     fptr = ctypes.POINTER(ctypes.c_float)
@@ -154,14 +154,14 @@ def _run_job(msg: dict, libs: dict) -> dict:
     first_s = time.perf_counter() - t0
     for i, o in enumerate(outputs):
         np.save(d / f"out{i}.npy", o)
-    reply: dict = {"status": "ok", "message": "", "first_call_s": first_s}
+    reply: dict = {"status": OK, "message": "", "first_call_s": first_s}
     if msg["n_expected"]:
         expected = [np.load(d / f"exp{i}.npy", mmap_mode="r")
                     for i in range(msg["n_expected"])]
         errs, bad = compare_outputs(outputs, expected, msg["rtol"], msg["atol"])
         reply["max_abs_err"] = errs
         if bad:
-            reply.update(status="wrong_result", message=bad)
+            reply.update(status=WRONG_RESULT, message=bad)
             return reply
     if msg["timing"] is not None:
         reply["timing"] = measure(call, **msg["timing"]).as_dict()
@@ -186,7 +186,7 @@ def _worker_main(conn: Any, log_path: str) -> None:
         try:
             reply = _run_job(msg, libs)
         except Exception as e:  # ctypes load errors, unreadable files, bad shapes...
-            reply = {"status": "runtime_error", "message": f"{type(e).__name__}: {e}"}
+            reply = {"status": RUNTIME_ERROR, "message": f"{type(e).__name__}: {e}"}
         conn.send(reply)
 
 
@@ -363,7 +363,7 @@ class IsolatedWorker:
             try:
                 spec["library"] = str(compile_cpp(spec["source"], flags=spec["flags"]))
             except CompileError as e:
-                return RunResult("compile_error", f"{e.message}\n{e.log.strip()}",
+                return RunResult(COMPILE_ERROR, f"{e.message}\n{e.log.strip()}",
                                  {"log": e.log}, time.perf_counter() - t0)
         with self._lock:
             res = self._run_locked(spec, timeout_s)
@@ -376,7 +376,7 @@ class IsolatedWorker:
         try:
             self.start(spec["env"])
         except RuntimeError as e:
-            return RunResult("runtime_error", str(e))
+            return RunResult(RUNTIME_ERROR, str(e))
         self._jobs += 1
         jobdir = self._dir / f"job{self._jobs}"
         jobdir.mkdir()
@@ -397,7 +397,7 @@ class IsolatedWorker:
                 if not self._conn.poll(timeout_s):
                     pid = self._proc.pid
                     self._stop()
-                    return RunResult("timeout", f"{what} did not finish within {timeout_s:g} s; "
+                    return RunResult(TIMEOUT, f"{what} did not finish within {timeout_s:g} s; "
                                      f"worker pid {pid} killed and will be replaced")
                 reply = self._conn.recv()
             except (EOFError, OSError, BrokenPipeError):
@@ -407,11 +407,11 @@ class IsolatedWorker:
                 tail = self._log_tail(log_offset)
                 # What the kernel or libc printed comes before faulthandler's Python trace.
                 said = tail.split("Fatal Python error")[0].strip()
-                return RunResult("runtime_error",
+                return RunResult(RUNTIME_ERROR,
                                  f"{what} crashed the worker ({_signal_text(code)})"
                                  + (f"; it printed:\n{said}" if said else ""),
                                  {"exitcode": code, "log": tail})
-            if spec["call"] and reply["status"] == "runtime_error":
+            if spec["call"] and reply["status"] == RUNTIME_ERROR:
                 # a call job's runtime error may have left state behind in the worker that
                 # the next job would trip over (a CUDA context stays poisoned after an illegal
                 # address): the next job gets a fresh process
@@ -419,7 +419,7 @@ class IsolatedWorker:
             n_out = reply.pop("n_outputs", len(spec["output_shapes"]))
             payload: dict[str, Any] = {k: v for k, v in reply.items()
                                        if k not in ("status", "message")}
-            if reply["status"] in ("ok", "wrong_result"):
+            if reply["status"] in (OK, WRONG_RESULT):
                 payload["outputs"] = [np.load(jobdir / f"out{i}.npy") for i in range(n_out)]
             return RunResult(reply["status"], reply["message"], payload)
         finally:

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from search import KernelGraph
+from kernels.hardware import device_kind
+from search.ir import KernelGraph, format_graph
 from verifier import FloatArith, run
 
 #: ``verification.verdict`` of the structure row that stands for the library path, and the
@@ -99,8 +100,9 @@ class LibraryKernel:
 
 def library_kernel(graph: KernelGraph, kind: str = "cpu", name: str = "library"
                    ) -> LibraryKernel:
-    """The library path of ``graph`` on a ``cpu`` (numpy) or ``cuda`` (CuPy) device."""
-    if kind.startswith("cuda"):
+    """The library path of ``graph`` on a ``cpu`` (numpy) or ``cuda`` (CuPy) device (``kind``:
+    a device name or key)."""
+    if device_kind(kind) == "cuda":
         import cupy as cp
 
         from ._cuda import cupy_arith
@@ -112,8 +114,6 @@ def library_kernel(graph: KernelGraph, kind: str = "cpu", name: str = "library"
 def library_source(graph: KernelGraph, program: str = "program") -> str:
     """What a best row of the library path stores as its source: what runs, in words, then
     the reference graph it runs (``tuner best --source`` prints it)."""
-    from search import format_graph
-
     return (f"# {program}: the library path, no generated kernel.\n"
             "# The reference graph below runs op by op through the device's library (numpy,\n"
             "# so BLAS for every matmul, on a cpu; CuPy on a GPU) by the verifier's float\n"

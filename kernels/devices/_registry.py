@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+from kernels.hardware import parse_device_name
+
 from ._base import Device, DeviceUnavailable
 from ._cpu import CpuDevice
 from ._cuda import CudaDevice
 from ._faults import drilled
 
-DEVICE_KINDS = ("cpu", "cuda")  # what a job file may name (cuda:N picks a GPU)
-
 
 def get_device(name: str = "cpu") -> Device:
-    """``cpu``, ``cuda`` (GPU 0) or ``cuda:N``; raises ``DeviceUnavailable`` (one line: why)
-    when it is not usable here and ``ValueError`` for a name that is no device."""
-    kind, _, index = name.partition(":")
-    if kind == "cpu" and not index:
+    """``cpu``, ``cuda`` (GPU 0) or ``cuda:N`` (the grammar: ``kernels.parse_device_name``);
+    raises ``DeviceUnavailable`` (one line: why) when it is not usable here and
+    ``ValueError`` for a name that is no device of this machine."""
+    kind, index = parse_device_name(name)
+    if kind == "cpu":
         return drilled(CpuDevice())
-    if kind == "cuda" and (not index or index.isdigit()):
-        return drilled(CudaDevice(int(index or 0)))
-    raise ValueError(f"unknown device {name!r}; use one of cpu, cuda, cuda:N")
+    if kind == "cuda":
+        return drilled(CudaDevice(index or 0))
+    raise ValueError(f"unknown device {name!r}: {kind} is a job file's device, not this "
+                     "machine's; use one of cpu, cuda, cuda:N")
 
 
-__all__ = ["DEVICE_KINDS", "Device", "DeviceUnavailable", "get_device"]
+__all__ = ["Device", "DeviceUnavailable", "get_device"]

@@ -14,10 +14,11 @@ from typing import Any
 
 from kernels.hardware import DeviceSpec
 from kernels.lowering import KernelPlan
-from search import KernelGraph
+from search.ir import KernelGraph
 
 from ._base import Device, DeviceUnavailable, Execution
 from ._isolate import IsolatedWorker
+from ._status import INVALID
 
 
 class ReplayDevice(Device):
@@ -47,7 +48,7 @@ class ReplayDevice(Device):
                   ) -> dict[str, Any]:
         found = self.table.get(self.key_of(config))
         if found is None:
-            return {"status": "invalid", "config": dict(config), "source": None,
+            return {"status": INVALID, "config": dict(config), "source": None,
                     "message": f"config {dict(config)} is not in the replayed table"}
         return {**found, "config": dict(found.get("config") or config)}
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping as MappingT
 
 from kernels.hardware import DeviceSpec, get_spec
-from search import BlockGraph, KernelGraph, ShapeError
+from search.ir import BlockGraph, KernelGraph, ShapeError
 
 from ._fuse import Fuser
 from ._mapping import (

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from kernels.hardware import DeviceSpec
-from search import ELEMENTWISE_OPS, ROW_REDUCTIONS, BlockGraph, KernelGraph, ShapeError
+from search.ir import ELEMENTWISE_OPS, ROW_REDUCTIONS, BlockGraph, KernelGraph, ShapeError
 
 # Config keys that are not structure symbols.  smem_kb: the shared-memory budget of a block in
 # KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.

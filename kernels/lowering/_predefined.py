@@ -12,12 +12,11 @@ import math
 from collections.abc import Sequence
 
 from kernels.hardware import DeviceSpec
-from search import BlockGraph, ShapeError
+from search.ir import GRID_DIMS, BlockGraph, ShapeError
 
 from ._mapping import astitch_rule, largest_divisor_at_most
 
-MATMUL_TILE = 64
-GRID_DIMS = 3
+PREDEFINED_MATMUL_TILE = 64  # a predefined matmul kernel: block tiles of at most 64 along m, n and k
 
 
 def _spread(sizes: Sequence[tuple[int, int]], blocks: int) -> dict[int, int]:
@@ -69,11 +68,11 @@ def _matmul(specs: Sequence[tuple[tuple[int, ...], str]], out: tuple[int, ...]) 
     for d in range(rank - 2):
         if len(factors) < GRID_DIMS - 1:
             factors[d] = out[d]
-    factors[rank - 2] = m // largest_divisor_at_most(m, MATMUL_TILE)
+    factors[rank - 2] = m // largest_divisor_at_most(m, PREDEFINED_MATMUL_TILE)
     if len(factors) < GRID_DIMS:
-        factors[rank - 1] = n // largest_divisor_at_most(n, MATMUL_TILE)
+        factors[rank - 1] = n // largest_divisor_at_most(n, PREDEFINED_MATMUL_TILE)
     factors = {d: f for d, f in factors.items() if f > 1}
-    f = k // largest_divisor_at_most(k, MATMUL_TILE)
+    f = k // largest_divisor_at_most(k, PREDEFINED_MATMUL_TILE)
     grid = tuple(factors.values()) or (1,)
     bg = BlockGraph(grid, f, (128,), specs)
     a = bg.input(0, _imap_skip(factors, sa, out, skip=rank - 1), rank - 1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from search import ELEMENTWISE_OPS, BlockGraph
+from search.ir import ELEMENTWISE_OPS, BlockGraph
 
 from ._plan import Access, Buffer, Level, Loop, Phase
 

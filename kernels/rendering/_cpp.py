@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from kernels.lowering import Kernel, KernelPlan, Let, Loop, Store
 
-from ._cpp_prelude import EXP_F, LANE_SUM, MATMUL_TILE, STREAM_ROW
+from ._cpp_prelude import EXP_F, LANE_SUM, MATMUL_REGISTER_TILES, STREAM_ROW
 from ._cstyle import CStyle, _indent, _sum_lines
 
 PREFETCH_AHEAD = 2048  # floats: how far ahead a row loop prefetches its inputs' rows
@@ -25,7 +25,7 @@ class CppDialect(CStyle):
         stream = [STREAM_ROW] if any(lp.stream for p in plans for k in p.kernels
                                      for ph in k.phases for lp in ph.loops) else []
         return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F,
-                MATMUL_TILE, LANE_SUM, *stream, *super().prelude(plans)]
+                MATMUL_REGISTER_TILES, LANE_SUM, *stream, *super().prelude(plans)]
 
     def threads(self, k: Kernel) -> int:
         return 1

@@ -46,7 +46,9 @@ EXP_F = """static inline float exp_f(float x) {
   memcpy(&out, &vb, 4);
   return out;
 }"""
-MATMUL_TILE = """// TUNER_CB(R): vectors of columns per register tile of R rows, R x CB accumulators within the
+# the register-tiled matmul routines a loop with Loop.tile_rows calls (mm_rows<R>, R printed
+# from the lowering's choice): C text only, no number here is one the lowering decides
+MATMUL_REGISTER_TILES = """// TUNER_CB(R): vectors of columns per register tile of R rows, R x CB accumulators within the
 // vector registers (32 with AVX-512, 16 otherwise); 8 x 4 on AVX-512 spills a few
 // accumulators to L1 and still beat 8 x 2 and 8 x 3 (gated_mlp 8.9 vs 9.9 and 10.4 ms); with
 // AVX2 an 8-row tile (only where B streams from memory: else 6 rows) takes 2 vectors, a whole

@@ -34,7 +34,7 @@ from cluster import (  # noqa: E402
 from costmodel import read_kernel_tuner  # noqa: E402
 from kernels import ReplayDevice, device_key  # noqa: E402
 from search import handwritten, to_obj  # noqa: E402
-from search.suite import load_program  # noqa: E402
+from search.ir.suite import load_program  # noqa: E402
 
 CACHES = Path("/work/shared/data/kernel_tuner_caches")
 CONV = CACHES / "convolution" / "A100.json.gz"

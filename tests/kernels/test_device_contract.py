@@ -22,21 +22,26 @@ from support import small_config
 
 import db
 from kernels import (
-    STATUSES,
+    DEVICE_KINDS,
+    INVALID,
+    TRIAL_STATUSES,
     DeviceUnavailable,
     ReplayDevice,
     cuda_available,
+    device_kind,
     get_device,
     get_spec,
     lower,
     nvcc_available,
+    parse_device_name,
     render,
+    replay_key,
+    replayed_gpu,
 )
 from kernels.devices import CudaKernel
 from search import handwritten, load_program
 
 TRIAL_FIELDS = {"status", "config", "message"}
-TRIAL_STATUSES = (*STATUSES, "invalid")  # invalid: the config does not lower
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +67,22 @@ def test_every_device_name_gives_a_device_or_one_line_why():
         assert device.key and device.spec.name and device.kind in ("cpu", "cuda")
     with pytest.raises(ValueError, match="unknown device"):
         get_device("tpu")
+    with pytest.raises(ValueError, match="job file's device"):
+        get_device("replay")  # a name of the grammar, but no device of this machine
+
+
+def test_one_grammar_names_every_device():
+    """What job files, the CLI and get_device accept: cpu, cuda, cuda:N, replay; nothing
+    else (no cpu:N, no bare cuda:, no spaces or capitals: callers normalise first)."""
+    assert [parse_device_name(n) for n in ("cpu", "cuda", "cuda:3", "replay")] == [
+        ("cpu", None), ("cuda", None), ("cuda", 3), ("replay", None)]
+    for bad in ("cpu:0", "cuda:", "cuda:x", "CUDA", " cpu", "replay:1", "tpu", ""):
+        with pytest.raises(ValueError, match="unknown device"):
+            parse_device_name(bad)
+    assert set(DEVICE_KINDS) == {"cpu", "cuda"}
+    assert [device_kind(k) for k in ("cuda:1", "cpu:AMD EPYC:16c", "replay:A100")] == [
+        "cuda", "cpu", "replay"]
+    assert replayed_gpu(replay_key("A100")) == "A100" and replayed_gpu("cuda:A100:sm_80") is None
 
 
 def test_a_cpu_trial_has_every_field(cpu_trial, softmax):
@@ -84,7 +105,7 @@ def test_replay_answers_what_was_recorded_and_runs_nothing(cpu_trial, softmax):
     again = device.run_trial(structure, reference, config)
     assert again["status"] == "ok" and again["median_s"] == cpu_trial["median_s"]
     missing = device.run_trial(structure, reference, {**config, "g0": 1024})
-    assert TRIAL_FIELDS <= set(missing) and missing["status"] == "invalid"
+    assert TRIAL_FIELDS <= set(missing) and missing["status"] == INVALID
     assert "not in the replayed table" in missing["message"]
     with pytest.raises(DeviceUnavailable):
         device.load(None, "")

@@ -306,7 +306,7 @@ def test_aliasing_an_input_keeps_its_name():
 
 
 def test_builtin_files_exist_in_the_package():
-    import search
+    import search.ir
 
-    folder = Path(search.__file__).parent / "programs"
+    folder = Path(search.ir.__file__).parent / "programs"
     assert sorted(p.stem for p in folder.glob("*.yaml")) == sorted(builtin_names())

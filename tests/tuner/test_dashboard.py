@@ -25,8 +25,8 @@ with warnings.catch_warnings():  # Starlette 1.x would rather have httpx's fork 
     from starlette.testclient import TestClient
 
 import db  # noqa: E402
-from search.serialize import to_obj  # noqa: E402
-from search.suite import load_program  # noqa: E402
+from search.ir.serialize import to_obj  # noqa: E402
+from search.ir.suite import load_program  # noqa: E402
 from tuner import api  # noqa: E402
 from tuner.dashboard import RemoteBindRefused, check_host, create_app  # noqa: E402
 from tuner.dashboard.cluster import ClusterView  # noqa: E402

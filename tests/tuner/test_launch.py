@@ -370,7 +370,8 @@ def test_a_cluster_without_gpus_is_refused_before_the_database(tmp_path: Path) -
     """With --address the GPUs are the cluster's: JobRun.run joins Ray and runs this check
     before it opens the database; a cluster without GPUs is an input error (exit 2)."""
     from cluster import start_ray, stop_ray
-    from tuner.pipeline import InputError, check_cluster_gpus
+    from tuner.api import InputError
+    from tuner.pipeline import check_cluster_gpus
 
     started = start_ray(1)
     try:

@@ -15,7 +15,7 @@ from support import run_cli
 import db
 import tuner
 from kernels import LibraryKernel, library_kernel
-from search.suite import load_program
+from search.ir.suite import load_program
 
 # A plain matmul.  On the development VM (AMD EPYC, AVX-512, loaded) the generated kernels
 # beat numpy's OpenBLAS at every size tried (256x512x512: 0.8 vs 4.1 ms; 1024^3: 15 vs 43 ms),

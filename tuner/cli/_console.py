@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from kernels import OK
+
 from ..formatting import config_text, ms
 
 if TYPE_CHECKING:
@@ -66,7 +68,7 @@ class Progress:
         if not self.enabled:
             return
         t = res.get("median_s")
-        what = ms(t) if res["status"] == "ok" and t else res["status"]
+        what = ms(t) if res["status"] == OK and t else res["status"]
         config = config_text(res.get("config"))
         if self.tty:
             bar = self._bar(f"tune {program}", " trials")

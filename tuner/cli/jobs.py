@@ -8,6 +8,9 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from db import DEFAULT_URL
+from kernels import OK, replayed_gpu
+
 from ..api import InputError, parse_pairs
 from ..formatting import config_text, ms
 from ._console import Progress
@@ -37,14 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the shapes it was tuned at (X=16x256) or a parameter (batch=8)")
     p.add_argument("--device", metavar="KEY",
                    help="a device key, or cpu / cuda for this machine's (default: any)")
-    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
     p.add_argument("--source", action="store_true", help="print the kernel's source")
     p.set_defaults(func=cmd_best)
 
     p = sub.add_parser("status", help="jobs, programs and best kernels in a database "
                                       "(follow a running launch with --watch)")
-    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     p.add_argument("--json", action="store_true", help="print it as one JSON object")
     p.add_argument("--watch", type=float, metavar="SECONDS",
                    help="print it again every SECONDS until Ctrl-C")
@@ -53,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     q = dbsub.add_parser("upgrade", help="create the tuner tables or migrate them to the head")
-    q.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    q.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     q.set_defaults(func=cmd_db_upgrade)
 
 
@@ -64,7 +67,7 @@ def format_summary(result: LaunchResult) -> str:
     rows = [("program", "device", "best ms", "numpy ms", "speedup", "structures", "trials",
              "failures", "best kernel")]
     for r in result.reports:
-        fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != "ok")
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != OK)
         cfg = config_text(r.best_config)
         rows.append((r.program, r.device_key.split(":")[0], ms(r.best_s, unit=""),
                      ms(r.baseline_s, unit=""),
@@ -104,7 +107,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(format_summary(result))
         names = " ".join(f"--set {k}={'x'.join(map(str, v))}"
                          for k, v in result.reports[0].shapes.items()) if result.reports else ""
-        if result.reports and not result.reports[0].device_key.startswith("replay:"):
+        if result.reports and replayed_gpu(result.reports[0].device_key) is None:
             print(f"query it later: tuner best {result.reports[0].program} {names}"
                   + (f" --db {url}" if args.db else ""))
     return 0
@@ -126,7 +129,7 @@ def cmd_best(args: argparse.Namespace) -> int:
             program, record = _best_at_stored_shapes(args, program, database)
         if record is None:
             raise InputError(launch_hint(program.name, program.inputs))
-        timings = sum(m.status == "ok" for m in database.measurements(record.trial_id))
+        timings = sum(m.status == OK for m in database.measurements(record.trial_id))
         tuned_s = tuned_best(database, record.program_hash, record.shapes_key, record.dtype,
                              record.device_key) if record.library else None
     if args.json:

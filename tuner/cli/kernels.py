@@ -13,6 +13,7 @@ import math
 import sys
 from typing import TYPE_CHECKING
 
+from kernels import DEVICE_KINDS, OK
 from search import KernelGraph, Program, load_program
 
 from ..api import (
@@ -84,7 +85,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
             print(f"{key:<10} {value}")
         if m.message:
             print(f"message    {m.message}")
-    return 0 if m.status == "ok" else 1
+    return 0 if m.status == OK else 1
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -115,7 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("measure", help="time a fused kernel against the op-by-op baseline")
     _common(p)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=DEVICE_KINDS, default="cpu")
     p.add_argument("--budget", type=float, default=1.0, metavar="SECONDS",
                    help="timing budget per side (default %(default)s s)")
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")

@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from db import DEFAULT_URL
+
 from ..api import models, parse_pairs
 
 
@@ -17,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                              "one measurement per configuration on "
                                              "replay:<GPU>; importing twice adds nothing")
     q.add_argument("files", nargs="+", metavar="FILE")
-    q.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    q.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     q.add_argument("--json", action="store_true", help="print one JSON object per file")
     q.set_defaults(func=cmd_import_kernel_tuner)
 
@@ -49,13 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=cmd_predict)
 
     q = msub.add_parser("list", help="the stored models")
-    q.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    q.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_list)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     p.add_argument("--device", metavar="KEY", help="only this device's measurements "
                    "(train, eval) / the device to predict for (predict; required there)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")

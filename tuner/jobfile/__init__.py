@@ -2,7 +2,6 @@
 from YAML with an error at the line (``validate``); docs/job-file.md is the reference."""
 
 from .schema import (
-    DEFAULT_URL,
     ClusterSpec,
     DatabaseSpec,
     JobError,
@@ -13,5 +12,5 @@ from .schema import (
 )
 from .validate import load_job, parse_job
 
-__all__ = ["DEFAULT_URL", "ClusterSpec", "DatabaseSpec", "JobError", "JobSpec", "ProgramEntry",
+__all__ = ["ClusterSpec", "DatabaseSpec", "JobError", "JobSpec", "ProgramEntry",
            "SearchSpec", "TuningSpec", "load_job", "parse_job"]

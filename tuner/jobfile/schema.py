@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from db import DEFAULT_URL
 from search import (
     BLOCK,
     COMPUTE_OPS,
@@ -30,7 +31,6 @@ ENTRY_KEYS = ("name", "file", "program", "kernel_tuner", "set")
 KERNEL_LEVEL_OPS = tuple(n for n in COMPUTE_OPS if KERNEL in OPS[n].levels)
 BLOCK_LEVEL_OPS = tuple(n for n in OPS if BLOCK in OPS[n].levels
                         and n not in ("input", "output", "graph_kernel"))
-DEFAULT_URL = "sqlite:///./tuner.db"  # db.DEFAULT_URL, without importing db
 
 
 class JobError(ValueError):

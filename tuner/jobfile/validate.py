@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from db import DEFAULT_URL
+from kernels import parse_device_name
 from search import (
     Program,
     ProgramError,
@@ -30,7 +31,6 @@ from ..samplers.registry import SAMPLERS, unknown_sampler
 from ._nodes import NodeReader, Pairs
 from .schema import (
     BLOCK_LEVEL_OPS,
-    DEFAULT_URL,
     ENTRY_KEYS,
     KERNEL_LEVEL_OPS,
     TOP_KEYS,
@@ -42,8 +42,6 @@ from .schema import (
     SearchSpec,
     TuningSpec,
 )
-
-_DEVICE = re.compile(r"cpu|cuda|cuda:\d+|replay")
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -341,12 +339,18 @@ class _Parser(NodeReader):
         for i, item in enumerate(items):
             sub = f"devices[{i}]" if item is not node else "devices"
             dev = self.value(item)
-            if not isinstance(dev, str) or not _DEVICE.fullmatch(dev.strip().lower()):
+            try:
+                kind, index = parse_device_name(dev.strip().lower() if isinstance(dev, str)
+                                                 else "")
+            except ValueError:
                 raise self.fail(item, sub, f"unknown device {dev!r}; write cpu, cuda (every "
-                                "GPU), cuda:N (GPU number N) or replay (Kernel Tuner spaces)")
+                                "GPU), cuda:N (GPU number N) or replay (Kernel Tuner "
+                                "spaces)") from None
             dev = dev.strip().lower()
-            overlap = dev in devices or (dev.startswith("cuda") and "cuda" in devices) or (
-                dev == "cuda" and any(d.startswith("cuda:") for d in devices))
+            # a kind listed without a number (cuda: every GPU) overlaps each of its devices
+            overlap = dev in devices or any(
+                k == kind and (i is None or index is None)
+                for k, i in map(parse_device_name, devices))
             if overlap:
                 raise self.fail(item, sub, f"{dev} repeats a device already listed (cuda means "
                                 "every GPU); list each device once")

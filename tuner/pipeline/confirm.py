@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import db
+from kernels import MEASUREMENT_STATUSES, OK, RUNTIME_ERROR
 
 if TYPE_CHECKING:
     from cluster import SlotPool
@@ -51,7 +52,7 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
         if not h.structure_hash.startswith(db.LIBRARY_PREFIX):  # no kernel to re-time
             trials.setdefault(h.trial_id, []).append(h)
     firsts = sorted(((next(h for h in hs if h.attempt == 0), hs) for hs in trials.values()
-                     if any(h.attempt == 0 and h.status == "ok" for h in hs)),
+                     if any(h.attempt == 0 and h.status == OK for h in hs)),
                     key=lambda fh: (fh[0].median_s, fh[0].trial_id))[:top]
     if not firsts:
         return out
@@ -65,8 +66,8 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
                               "reference": reference_obj, "config": first.config,
                               "seed": seed, "timing": None, "timeout_s": timeout_s})
         res = pool.next_done()
-        status = res["status"] if res["status"] in db.MEASUREMENT_STATUSES else "runtime_error"
-        ok = status == "ok"
+        status = res["status"] if res["status"] in MEASUREMENT_STATUSES else RUNTIME_ERROR
+        ok = status == OK
         database.record_measurement(
             first.trial_id, status, median_s=res.get("median_s") if ok else None,
             spread_s=res.get("spread_s") if ok else None,
@@ -84,7 +85,7 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
     medians = {}
     for first, _ in firsts:
         ms = database.measurements(first.trial_id)
-        if ms and all(m.status == "ok" for m in ms):
+        if ms and all(m.status == OK for m in ms):
             medians[first.trial_id] = statistics.median(m.median_s for m in ms)
     if not medians:
         return out

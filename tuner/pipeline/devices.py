@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kernels import device_kind
+
 from ..api import InputError
 
 if TYPE_CHECKING:
@@ -18,7 +20,7 @@ def check_devices(devices: tuple[str, ...], address: str | None = None) -> None:
     if address:
         return
     for i, device in enumerate(devices):
-        if device.startswith("cuda"):
+        if device_kind(device) == "cuda":
             from kernels import cuda_available
 
             ok, why = cuda_available()
@@ -33,7 +35,7 @@ def check_cluster_gpus(devices: tuple[str, ...]) -> None:
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     for i, device in enumerate(devices):
-        if device.startswith("cuda") and gpus < 1:
+        if device_kind(device) == "cuda" and gpus < 1:
             raise InputError(f"devices[{i}]: {device}: the Ray cluster has no GPU resource; "
                              "start its nodes with GPUs (ray start --num-gpus N) or use "
                              "'devices: [cpu]'")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import db
+from kernels import OK
 from search import KernelGraph, to_obj
 
 from ..serving.cache import tuned_best
@@ -48,13 +49,13 @@ class LibraryCandidate:
 
         have = self.database.measurements(self.trial_id)
         attempt = 1 + max((m.attempt for m in have), default=-1)
-        ok = [m.median_s for m in have if m.status == "ok"]
+        ok = [m.median_s for m in have if m.status == OK]
         while len(ok) < TIMINGS:
             seconds = first_s if first_s is not None else again()
             first_s = None
             if seconds is None:
                 break
-            self.database.record_measurement(self.trial_id, "ok", median_s=seconds,
+            self.database.record_measurement(self.trial_id, OK, median_s=seconds,
                                              attempt=attempt)
             attempt += 1
             ok.append(seconds)

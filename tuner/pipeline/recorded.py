@@ -22,7 +22,8 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import db
-from kernels import ConfigSpace, DeviceSpec, ReplayDevice
+from costmodel import KT_STATUS
+from kernels import OK, RUNTIME_ERROR, ConfigSpace, DeviceSpec, ReplayDevice
 
 from ..formatting import ms
 from ..identity import space_identity
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
     from cluster import SlotPool
     from costmodel import KernelTunerSpace
 
-# Kernel Tuner's failure markers -> measurement statuses (as ``tuner import kernel-tuner``)
-KT_STATUS = {"CompilationFailedConfig": "compile_error", "RuntimeFailedConfig": "runtime_error",
-             "InvalidConfig": "runtime_error"}
 
 
 def config_space_of(space: KernelTunerSpace) -> ConfigSpace:
@@ -54,11 +52,11 @@ def replay_table(space: KernelTunerSpace, source: str) -> dict[str, dict]:
         cfg = {k: int(v) for k, v in config.items()}
         if math.isnan(seconds):
             table[db.config_hash(cfg)] = {
-                "status": KT_STATUS.get(str(marker), "runtime_error"), "config": cfg,
+                "status": KT_STATUS.get(str(marker), RUNTIME_ERROR), "config": cfg,
                 "message": f"Kernel Tuner recorded {marker} on {space.device}"}
         else:
             table[db.config_hash(cfg)] = {
-                "status": "ok", "config": cfg, "median_s": seconds, "samples": [seconds],
+                "status": OK, "config": cfg, "median_s": seconds, "samples": [seconds],
                 "source": f"// {space.kernel} on {space.device}, replayed from the Kernel "
                           f"Tuner cache {source}\n// config {json.dumps(cfg, sort_keys=True)}\n"}
     return table
@@ -159,7 +157,7 @@ class RecordedSpacePipeline(ProgramPipeline):
 
     def report(self, device: str, pool: SlotPool, rep: ProgramReport
                ) -> tuple[str, dict[str, Any]]:
-        fails = Counter({k: v for k, v in rep.statuses.items() if k != "ok"})
+        fails = Counter({k: v for k, v in rep.statuses.items() if k != OK})
         self.ctx.log(f"{rep.program} on {pool.key}: {rep.trials} trial(s), best "
                      f"{ms(rep.best_s)}" + (f"; failed: {dict(fails)}" if fails else ""))
         return f"{rep.program}@{pool.key}", {"tune_s": round(rep.tune_s, 3),

@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kernels import OK
+
 if TYPE_CHECKING:
     from .tune import StudyOutcome
 
@@ -57,7 +59,7 @@ class ProgramReport:
                 "structures_found": self.structures_found,
                 "structures_tuned": self.structures_tuned, "trials": self.trials,
                 "new_trials": self.new_trials,
-                "failures": {k: v for k, v in self.statuses.items() if k != "ok"},
+                "failures": {k: v for k, v in self.statuses.items() if k != OK},
                 "skipped_by_roofline": self.skipped, "invalid_configs": self.invalid,
                 "best_structure": self.best_structure, "best_config": self.best_config,
                 "search_s": round(self.search_s, 3), "tune_s": round(self.tune_s, 3),

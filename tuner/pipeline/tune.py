@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import db
 from cluster import MeasurementPool, TrialRequest, TrialResult
-from kernels import ConfigSpace, DeviceSpec, estimate
+from kernels import MEASUREMENT_STATUSES, OK, ConfigSpace, DeviceSpec, estimate
 from search import KernelGraph
 
 if TYPE_CHECKING:
     import optuna
 
-MEASURED = db.MEASUREMENT_STATUSES
+MEASURED = MEASUREMENT_STATUSES
 # configs a study measures before its roofline rule may skip any: calibrated by one timing
 # faster than its estimate, the rule skipped every config whose estimate exceeded the
 # default's, and a 5-trial study measured one config
@@ -49,7 +49,7 @@ class StudyTask:
     program: str
     structure_id: int
     structure_hash: str
-    structure: KernelGraph | None  # None: a replayed Kernel Tuner space (tuner.replay)
+    structure: KernelGraph | None  # None: a replayed Kernel Tuner space (tuner.pipeline.recorded)
     structure_obj: dict
     reference_obj: dict
     space: ConfigSpace
@@ -163,7 +163,7 @@ class StudyRunner:
                 study.enqueue_trial(codec.encode(config))
         for status, median in known.values():
             out.statuses[status] += 1
-            if status == "ok" and (out.best_s is None or median < out.best_s):
+            if status == OK and (out.best_s is None or median < out.best_s):
                 out.best_s = median
         out.measured = len(known)
         if study.user_attrs.get("finished_for_trials", 0) >= self.trials:
@@ -206,7 +206,7 @@ class StudyRunner:
         if chash in known:  # measured before: answer from the database
             status, median = known[chash]
             trial.set_user_attr("cached", True)
-            if status == "ok":
+            if status == OK:
                 study.tell(trial, median)
             else:
                 trial.set_user_attr("status", status)
@@ -229,7 +229,7 @@ class StudyRunner:
             return
         if est_s is not None:
             bound = est_s * min(1.0, out.efficiency or 1.0)
-            if (out.statuses["ok"] >= SKIP_AFTER and out.best_s is not None
+            if (out.statuses[OK] >= SKIP_AFTER and out.best_s is not None
                     and bound > out.best_s):
                 out.skipped += 1
                 trial.set_user_attr("skipped",
@@ -260,7 +260,7 @@ class StudyRunner:
             return
         trial_id = self.db.record_trial(task.structure_id, task.device_key, config,
                                         task.study_name, trial.number)
-        ok = status == "ok"
+        ok = status == OK
         mid = self.db.record_measurement(
             trial_id, status, median_s=res.median_s if ok else None,
             spread_s=res.spread_s if ok else None,
@@ -309,7 +309,7 @@ class StudyRunner:
             chash = db.config_hash(codec.decode(t.params))
             if chash in known:
                 status, median = known[chash]
-                if status == "ok":
+                if status == OK:
                     study.tell(t.number, median)
                 else:
                     study.tell(t.number, state=optuna.trial.TrialState.FAIL)

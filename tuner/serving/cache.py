@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import db
+from kernels import OK
 from search import Program, from_obj, load_program
 
 from ..api import InputError
@@ -25,13 +26,13 @@ def resolve_device_key(device: str | None) -> str | None:
     """``cpu`` / ``cuda`` mean this machine's device; anything else is a stored device key."""
     if device in (None, ""):
         return None
-    if device == "cpu" or device == "cuda" or (device.startswith("cuda:")
-                                                and device[5:].isdigit()):
-        from kernels import device_key
+    from kernels import DEVICE_KINDS, device_key, parse_device_name
 
-        kind, _, index = device.partition(":")
-        return device_key(kind, int(index or 0))
-    return device
+    try:
+        kind, index = parse_device_name(device)
+    except ValueError:  # a stored device key
+        return device
+    return device_key(kind, index or 0) if kind in DEVICE_KINDS else device
 
 
 def launch_hint(name: str, shapes: Mapping[str, Sequence[int]]) -> str:
@@ -111,19 +112,20 @@ def tuned_best(database: db.Database, program_hash: str, shapes: Any, dtype: str
         if not h.structure_hash.startswith(db.LIBRARY_PREFIX):
             timings.setdefault(h.trial_id, []).append(h)
     medians = [statistics.median(h.median_s for h in hs) for hs in timings.values()
-               if all(h.status == "ok" for h in hs)]
+               if all(h.status == OK for h in hs)]
     return min(medians, default=None)
 
 
 def kernel_from_record(record: db.BestKernel, name: str = "kernel") -> Callable[..., list]:
     """Compile a best-kernel record's stored source for its device and wrap it; where the
     library path won, the reference graph op by op (``kernels.LibraryKernel``)."""
-    from kernels import get_device, library_kernel
+    from kernels import device_kind, get_device, library_kernel
 
+    # a cpu key runs on this machine's cpu, any other (cuda, a replayed GPU) on its GPU
+    kind = "cpu" if device_kind(record.device_key) == "cpu" else "cuda"
     if record.library:
-        kind = "cpu" if record.device_key.startswith("cpu") else "cuda"
         return library_kernel(from_obj(record.structure), kind, name)
     structure = from_obj(record.structure)
     config = {k: int(v) for k, v in (record.config or {}).items()}
-    device = get_device("cpu" if record.device_key.startswith("cpu") else "cuda")
+    device = get_device(kind)
     return device.load(device.lower(structure, config, name), record.source)

@@ -22,7 +22,8 @@ KERNEL = "kernel"
 BLOCK = "block"
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # storage width of each dtype
 DTYPES = tuple(DTYPE_BYTES)
-MAX_RANK = 4
+MAX_RANK = 4  # dims of a tensor
+GRID_DIMS = 3  # dims of a block graph's grid and block (and of its imaps and omaps)
 ACCUM_KINDS = ("no_red", "sum", "mean", "rms")
 
 Shape = tuple[Dim, ...]

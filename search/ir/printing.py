@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from .core import Graph
 from .dims import fmt_shape
 from .ops import BLOCK, KERNEL
-
-if TYPE_CHECKING:  # graph.py prints itself with this module: no import at run time
-    from .graph import BlockGraph, Graph, KernelGraph
 
 
 def _label(graph: Graph, tid: int) -> str:
@@ -37,13 +33,14 @@ def _lines(graph: Graph, indent: str) -> list[str]:
             call = "input()"
         lines.append(f"{indent}{outs} = {call}  : {shapes} {info.dtype}{where}")
         if op.kind == "graph_kernel":
-            bg: BlockGraph = op.attrs["block_graph"]
+            bg = op.attrs["block_graph"]  # a BlockGraph
             lines.append(f"{indent}  block graph: grid={list(bg.grid)} "
                          f"forloop_range={bg.forloop_range} block={list(bg.block)}")
             lines.extend(_lines(bg, indent + "    "))
     return lines
 
 
-def format_graph(graph: KernelGraph) -> str:
-    """One line per op with shapes; graph-defined kernels show their block graph indented."""
+def format_graph(graph: Graph) -> str:
+    """One line per op with shapes (a kernel graph's, or a block graph's alone); graph-defined
+    kernels show their block graph indented.  ``KernelGraph``'s repr is this listing."""
     return "\n".join(_lines(graph, ""))

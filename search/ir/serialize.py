@@ -16,8 +16,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from .core import Graph, Op
 from .dims import ShapeError
-from .graph import BlockGraph, Graph, KernelGraph, Op
+from .graph import BlockGraph, KernelGraph
 from .ops import OPS
 
 FORMAT = "tuner.mugraph/1"

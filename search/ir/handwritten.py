@@ -9,12 +9,9 @@ own inputs, so it instantiates at any shapes the program allows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from .graph import BlockGraph, KernelGraph, Tensor
-
-if TYPE_CHECKING:  # only annotations: the package face imports this module eagerly
-    from .lang import Program
+from .lang import Program
 
 
 def _start(program: Program) -> tuple[KernelGraph, dict[str, Tensor]]:
