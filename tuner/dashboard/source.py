@@ -6,10 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def device_kind(device_key: Any) -> str:
-    """The device a stored key names (``cpu:<model>:<cores>c`` or ``cuda:<gpu>:sm_<cc>``, as
-    ``kernels.hardware.device_key`` writes them): ``cpu`` or ``cuda``."""
-    return "cpu" if str(device_key).startswith("cpu") else "cuda"
+def _kind(device_key: Any) -> str | None:
+    """The kind of device a stored key names (``kernels.device_kind``); None for a key that
+    names none."""
+    from kernels import device_kind
+
+    try:
+        return device_kind(str(device_key))
+    except ValueError:
+        return None
 
 
 def kernel_source(data: dict[str, Any]) -> tuple[str | None, str]:
@@ -17,11 +22,13 @@ def kernel_source(data: dict[str, Any]) -> tuple[str | None, str]:
     structure and config (the same lowering and renderer the launch used)."""
     if data["best"] is not None and data["best"]["source"]:
         return data["best"]["source"], "stored with the best kernel"
+    kind = _kind(data["device_key"])
     try:
-        from kernels import get_device
+        from kernels import DEVICE_KINDS, get_device
         from search import from_obj
 
-        kind = device_kind(data["device_key"])
+        if kind not in DEVICE_KINDS:
+            return None, f"no renderer for {data['device_key']} (a recorded space's timings)"
         device = get_device(kind)
         config = {k: int(v) for k, v in (data["config"] or {}).items()}
         plan = device.lower(from_obj(data["structure"]), config, str(data["program"]))
@@ -39,6 +46,6 @@ def highlighted(source: str, device_key: str) -> str | None:
         from pygments.lexers import CppLexer, CudaLexer
     except ImportError:
         return None
-    lexer = CppLexer() if device_kind(device_key) == "cpu" else CudaLexer()
+    lexer = CudaLexer() if _kind(device_key) == "cuda" else CppLexer()
     # Pygments escapes the source itself; the markup is safe to insert
     return Markup(highlight(source, lexer, HtmlFormatter(cssclass="hl", linenos="table")))

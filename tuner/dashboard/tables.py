@@ -18,6 +18,7 @@ from sqlalchemy.exc import NoSuchTableError, OperationalError, ProgrammingError
 from sqlalchemy.pool import StaticPool
 
 import db
+from kernels import MEASUREMENT_STATUSES, OK
 
 programs_t = db.ProgramRow.__table__
 jobs_t = db.JobRow.__table__
@@ -33,13 +34,12 @@ otrials_t = TrialModel.__table__
 
 M, T, S, P = meas_t.c, trials_t.c, structures_t.c, programs_t.c
 
-# the statuses the dashboard compares with, by db's names (checked against db's lists below)
-OK = "ok"  # a measurement that passed
-FAILURES = tuple(s for s in db.MEASUREMENT_STATUSES if s != OK)  # every other one
+# the statuses the dashboard compares with: a measurement's are kernels' (OK, and every other
+# one a failure); a job's and a search shard's are db's (checked against its lists below)
+FAILURES = tuple(s for s in MEASUREMENT_STATUSES if s != OK)
 FINISHED = "finished"  # a job or a search shard that ended well
 RUNNING = "running"  # a job under way
-if OK not in db.MEASUREMENT_STATUSES or not {FINISHED, RUNNING} <= set(db.JOB_STATUSES) \
-        or FINISHED not in db.SHARD_STATUSES:
+if not {FINISHED, RUNNING} <= set(db.JOB_STATUSES) or FINISHED not in db.SHARD_STATUSES:
     raise ImportError("tuner.dashboard.tables: db's status names changed; follow them here")
 
 #: what reading a table that may be absent (Optuna's, before any study) raises
