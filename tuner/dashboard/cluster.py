@@ -59,6 +59,8 @@ class ClusterView:
         return self._state
 
     def _ray_dashboard(self) -> str | None:
+        if not self.address:
+            return None
         if self._dashboard_url is not None:
             return self._dashboard_url(self.address)
         try:

@@ -73,7 +73,7 @@ def _predicted(engine: Engine, program_id: int, device_key: str, limit: int) -> 
                 "points": []}
     if not samples:
         return {"model": info, "reason": "no ok timing here yet", "points": []}
-    predicted = model.predict(samples)
+    predicted = [float(q) for q in model.predict(samples)]
     scores = costmodel.evaluate([x.group for x in samples], [x.seconds for x in samples],
                                 predicted)
     points = [{"trial": r.trial_id, "measured": r.median_s, "predicted": float(q)}

@@ -52,8 +52,11 @@ def job_plan(job_path: str, job_key: str) -> Plan | None:
         from ..jobfile import load_job
 
         job = load_job(job_path)
-        if key_of(job) == job_key:
-            keys = [program_key(e.program) for e in job.programs]
+        programs = [e.program for e in job.programs if e.program is not None]
+        # a recorded space's entry has no program to key here: that job's totals are what
+        # the database shows, as for a job file that is gone
+        if key_of(job) == job_key and len(programs) == len(job.programs):
+            keys = [program_key(p) for p in programs]
             plan = Plan([(k.name, k.program_hash, k.shapes) for k in keys],
                         [(k.program_hash, db.shapes_key(k.shapes)) for k in keys], len(job.devices),
                         job.tuning.structures, job.tuning.trials_per_structure,
