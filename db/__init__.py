@@ -23,6 +23,7 @@ from db import _migrate
 from db._engine import DEFAULT_URL, make_engine, normalize_url, sqlite_file
 from db._learning import (
     ALL_DEVICES,
+    CostModelRow,
     MeasuredConfig,
     ModelRecord,
     TrainingRow,
@@ -75,6 +76,7 @@ __all__ = [
     "Base",
     "BestKernel",
     "BestKernelRow",
+    "CostModelRow",
     "Database",
     "DatabaseError",
     "HistoryEntry",

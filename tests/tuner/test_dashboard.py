@@ -1,8 +1,10 @@
 """`tuner dashboard` without a browser: pages and APIs over a database written through db's
-own write helpers (Starlette's TestClient, in process), escaping, read-only, the bind rules,
-the cluster view, and `tuner best` answering for the only shapes a program is stored at.
+own write helpers (Starlette's TestClient, in process), escaping, read-only, the password
+masked, and `tuner best` answering for the only shapes a program is stored at.
 
-The browser tests over a real launch are in test_dashboard_browser.py."""
+The bind rules and the cluster page are in test_dashboard_cluster.py, every route driven with
+generated input in test_dashboard_fuzz.py, the browser tests over a real launch in
+test_dashboard_browser.py."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
 
 import warnings  # noqa: E402
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import select, text  # noqa: E402
 
 with warnings.catch_warnings():  # Starlette 1.x would rather have httpx's fork httpx2
     warnings.filterwarnings("ignore", message=".*httpx2")
@@ -28,9 +30,9 @@ import db  # noqa: E402
 from search.ir.serialize import to_obj  # noqa: E402
 from search.ir.suite import load_program  # noqa: E402
 from tuner import api  # noqa: E402
-from tuner.dashboard import RemoteBindRefused, check_host, create_app  # noqa: E402
-from tuner.dashboard.cluster import ClusterView  # noqa: E402
-from tuner.dashboard.queries import Reader  # noqa: E402
+from tuner.dashboard import create_app  # noqa: E402
+from tuner.dashboard.reader import Reader  # noqa: E402
+from tuner.dashboard.tables import studies_t  # noqa: E402
 from tuner.identity import program_key  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,6 +126,62 @@ def test_job_progress_and_program_rows(client, filled):
     assert dev["failed_text"] == "compile_error 1"
     page = client.get(f"/jobs/{ids['job']}").text
     assert '/failures?program=softmax_rows&amp;device=cpu%3Atest-cpu%3A2c' in page
+    # drawn by the server only: the row says where its charts' series is, the numbers are
+    # written here (the script formats nothing)
+    assert (f'data-chart-series="/api/programs/{prog["id"]}/series?device=cpu%3Atest-cpu%3A2c"'
+            in page)
+    assert '<td class="num">0.001</td>' in page and '<td class="num">10.00x</td>' in page
+
+
+def test_jobs_page_names_each_jobs_programs(client, filled, tmp_path):
+    """Each job's programs by name, linked, in its order; with the job file still there,
+    the ones it has not reached yet too."""
+    _, ids = filled
+    (job,) = [j for j in client.get("/api/jobs").json()["jobs"] if j["id"] == ids["job"]]
+    assert job["programs"] == [{"id": ids["programs"][0], "name": "softmax_rows",
+                                "shapes_text": "X=64x64"}]
+    assert f'<a href="/programs/{ids["programs"][0]}" title="X=64x64">softmax_rows</a>' \
+        in client.get("/").text
+    from tuner.identity import job_key
+    from tuner.jobfile import load_job
+
+    path = tmp_path / "two.yaml"
+    path.write_text("programs:\n  - name: softmax_rows\n    set: {rows: 16, cols: 32}\n"
+                    "  - name: rmsnorm_residual\n    set: {X: 16x32, R: 16x32}\n"
+                    "devices: [cpu]\n")
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    fill(url, [{"rows": 16, "cols": 32}], xss=False)
+    with db.connect(url) as database:
+        database.finish_job(database.start_job(job_key(load_job(str(path))), str(path)).id,
+                            "interrupted")
+    with TestClient(create_app(url)) as c:
+        planned = c.get("/api/jobs").json()["jobs"][0]
+        page = c.get("/").text
+    assert planned["plan_known"]
+    assert [(p["name"], p["id"] is None) for p in planned["programs"]] == [
+        ("softmax_rows", False), ("rmsnorm_residual", True)]
+    assert 'title="X=16x32 R=16x32: not reached yet">rmsnorm_residual</span>' in page
+
+
+def test_the_dashboard_stands_on_nothing_of_the_launch(tmp_path):
+    """Serving pages and reading a job's plan from its job file import neither the launch
+    pipeline nor Ray: the dashboard reads, it does not stand on what writes."""
+    job = tmp_path / "j.yaml"
+    job.write_text("programs:\n  - name: softmax_rows\n    set: {rows: 16, cols: 32}\n"
+                   "devices: [cpu]\n")
+    code = f"""if True:
+        import sys
+        from tuner.dashboard import app, progress
+        from tuner.identity import job_key
+        from tuner.jobfile import load_job
+        assert progress.job_plan({str(job)!r}, job_key(load_job({str(job)!r}))) is not None
+        print(sorted(m for m in sys.modules
+                     if m.split(".")[0] in ("ray", "cluster")
+                     or m.startswith(("tuner.pipeline", "tuner.launch"))))"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]"
 
 
 def test_series_keeps_only_the_improvements(client, filled):
@@ -135,15 +193,12 @@ def test_series_keeps_only_the_improvements(client, filled):
     assert len(s["scatter"]) == 4 and s["scatter"][0]["config"] == {"g0": 1, "split": 1}
 
 
-def test_totals_stay_exact_as_measurements_arrive(tmp_path, monkeypatch):
+def test_totals_stay_exact_as_measurements_arrive(tmp_path):
     """The dashboard counts new measurements incrementally (a low-water mark trailing the
     newest id by WINDOW); after several rounds of arrivals it agrees with a fresh count."""
-    from tuner.dashboard import queries
-
-    monkeypatch.setattr(queries, "WINDOW", 2)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     ids = fill(url, xss=False)
-    live = Reader(url)
+    live = Reader(url, window=2)
     pid = ids["programs"][0]
     for round_ in range(3):
         with db.connect(url) as database:
@@ -167,19 +222,19 @@ def test_totals_stay_exact_as_measurements_arrive(tmp_path, monkeypatch):
     fresh.close()
 
 
-def test_optuna_states_follow_running_trials(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_optuna_states_follow_running_trials(tmp_path, request, backend):
     """Skipped (PRUNED) and failed Optuna trials counted incrementally, a RUNNING one
-    counted when it finishes, in agreement with a fresh count."""
+    counted when it finishes, in agreement with a fresh count (Optuna's own tables read
+    through its own models, on both backends)."""
     import optuna
 
-    from tuner.dashboard import queries
-
-    monkeypatch.setattr(queries, "WINDOW", 2)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    url = (f"sqlite:///{tmp_path / 'tuner.db'}" if backend == "sqlite"
+           else request.getfixturevalue("pg_url"))
     ids = fill(url, xss=False)
     study = optuna.create_study(study_name="s", storage=url)  # fill's trials name study "s"
-    live = Reader(url)
+    live = Reader(url, window=2)
     pid = ids["programs"][0]
 
     def states(reader):
@@ -207,8 +262,8 @@ def test_optuna_states_follow_running_trials(tmp_path, monkeypatch):
     with TestClient(create_app(url, optuna_dashboard="http://127.0.0.1:8080/")) as c:
         page = c.get(f"/kernels/{ids['trials'][0]}").text
     with db.connect(url, migrate_schema=False) as database, database.engine.connect() as conn:
-        (study_id,) = conn.execute(text("SELECT study_id FROM studies WHERE study_name = 's'")
-                                   ).one()
+        study_id = conn.execute(select(studies_t.c.study_id)
+                                .where(studies_t.c.study_name == "s")).scalar_one()
     assert f'href="http://127.0.0.1:8080/dashboard/studies/{study_id}"' in page
 
 
@@ -254,7 +309,7 @@ def test_read_only(client, filled):
 
 
 def test_password_never_shown(filled):
-    from tuner.dashboard.queries import read_only_engine
+    from tuner.dashboard.tables import read_only_engine
 
     pg = "postgresql+psycopg://tuner:sekrit-pw@dbhost:5432/tuner"
     reader = Reader(pg, engine=read_only_engine(filled[0]))  # shown as pg, read from sqlite
@@ -277,65 +332,6 @@ def test_optuna_dashboard_link_must_be_http(tmp_path):
                           "javascript:alert(1)"], capture_output=True, text=True, cwd=REPO,
                          timeout=60)
     assert res.returncode == 2 and "http://" in res.stderr
-
-
-def test_binding_is_local_unless_asked():
-    assert check_host("127.0.0.1", explicit=False) is None
-    assert check_host("::1", explicit=False) is None
-    assert check_host("localhost", explicit=False) is None
-    with pytest.raises(RemoteBindRefused):
-        check_host("0.0.0.0", explicit=False)
-    assert "warning" in check_host("0.0.0.0", explicit=True)
-
-
-def test_cluster_page_without_an_address_says_so(client):
-    page = client.get("/cluster").text
-    assert "No Ray cluster given" in page and "--address" in page
-
-
-class FakeState:
-    """ray.util.state's list functions, as they answer for a two-node cluster."""
-
-    def list_nodes(self, **kw):
-        return [{"node_id": "n1" * 10, "node_ip": "10.0.0.1", "is_head_node": True,
-                 "state": "ALIVE", "resources_total": {"CPU": 16, "GPU": 2, "memory": 2**34}},
-                {"node_id": "n2" * 10, "node_ip": "10.0.0.2", "is_head_node": False,
-                 "state": "ALIVE", "resources_total": {"CPU": 8}}]
-
-    def list_actors(self, filters, **kw):
-        assert filters == [("class_name", "=", "MeasureSlot")]
-        return [{"actor_id": "a1", "state": "ALIVE", "node_id": "n1" * 10, "pid": 42,
-                 "required_resources": {"GPU": 1}}]
-
-    def list_tasks(self, filters, **kw):
-        return [{"task_id": "t1", "name": "MeasureSlot.trial", "actor_id": "a1",
-                 "node_id": "n1" * 10, "state": "RUNNING"},
-                {"task_id": "t2", "name": "run_and_verify", "func_or_class_name":
-                 "run_and_verify", "node_id": "n2" * 10, "worker_pid": 7, "state": "RUNNING"}]
-
-
-def test_cluster_page_lists_nodes_slots_and_search_workers(filled):
-    view = ClusterView("ray://head:10001", state=FakeState(),
-                       dashboard_url=lambda a: "http://head:8265")
-    with TestClient(create_app(filled[0], address="ray://head:10001", cluster=view)) as c:
-        snap = c.get("/api/cluster").json()
-        page = c.get("/cluster").text
-    assert [n["gpus"] for n in snap["nodes"]] == [2, 0]
-    assert snap["slots"][0]["doing"] == "MeasureSlot.trial"
-    assert snap["slots"][0]["node"] == "10.0.0.1"
-    assert [t["name"] for t in snap["tasks"]] == ["run_and_verify"]
-    assert "http://head:8265" in page and "10.0.0.2" in page
-
-
-def test_cluster_that_does_not_answer_is_shown_not_raised(filled):
-    class Down:
-        def list_nodes(self, **kw):
-            raise ConnectionError("no cluster at ray://nowhere:1")
-
-    view = ClusterView("ray://nowhere:1", state=Down(), dashboard_url=lambda a: None)
-    with TestClient(create_app(filled[0], address="ray://nowhere:1", cluster=view)) as c:
-        r = c.get("/cluster")
-    assert r.status_code == 200 and "ConnectionError" in r.text
 
 
 def test_missing_database_is_refused_in_words(tmp_path):
@@ -401,6 +397,7 @@ def test_predicted_vs_measured_needs_a_model_then_shows_its_predictions(tmp_path
     with TestClient(create_app(url)) as c:
         r = c.get(path).json()
         assert r["model"] is None and "tuner model train" in r["reason"]
+        assert r["note"] == r["reason"]  # the chart's caption, written by the server
         assert c.get(f"/api/programs/{pid}/predicted").status_code == 400
     with db.connect(url) as database:
         trained = costmodel.train(database, device_key=DEVICE, kind="gbdt",
@@ -410,3 +407,4 @@ def test_predicted_vs_measured_needs_a_model_then_shows_its_predictions(tmp_path
     assert r["model"]["id"] == trained["model_id"] and r["model"]["kind"] == "gbdt"
     assert sorted(p["measured"] for p in r["points"]) == [1e-6, 2e-6, 2.5e-6, 3e-6]
     assert all(p["predicted"] > 0 for p in r["points"]) and r["kendall_tau"] is not None
+    assert r["note"].startswith(f"model {trained['model_id']} (gbdt) · Kendall tau ")

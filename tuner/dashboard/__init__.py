@@ -6,6 +6,11 @@
 Pages: jobs, a job (programs × devices, best-so-far and scatter charts), a kernel (the µGraph
 drawn, its config, source, timings, verdict), failures, cluster.  See docs/dashboard.md.
 Needs the ``dashboard`` extra (Starlette, Jinja2, uvicorn, Pygments).
+
+Inside: ``tables`` (db's and Optuna's tables, the read-only engine), ``reader`` (the queries),
+``counts`` and ``series`` (what is kept up to date incrementally), ``views`` (what pages show),
+``progress`` (a job's progress and plan), ``params`` (request input), ``app`` (the routes;
+the templates draw every table).
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from __future__ import annotations
 import ipaddress
 import sys
 from typing import Any
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "RemoteBindRefused", "check_host", "create_app",
+           "is_local", "serve"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -23,6 +31,7 @@ class RemoteBindRefused(ValueError):
 
 
 def is_local(host: str) -> bool:
+    """A loopback address (or ``localhost``)."""
     if host == "localhost":
         return True
     try:
@@ -46,6 +55,7 @@ def check_host(host: str, explicit: bool) -> str | None:
 
 
 def create_app(url: str | None = None, **kwargs: Any) -> Any:
+    """The ASGI app (``app.create_app``), imported here lazily: Starlette is an extra."""
     from .app import create_app as make
 
     return make(url, **kwargs)
@@ -57,7 +67,7 @@ def serve(url: str | None = None, *, address: str | None = None, host: str = DEF
     """Serve the dashboard until interrupted (see ``check_host`` for ``explicit_host``)."""
     import uvicorn
 
-    from .queries import shown_url
+    from .tables import shown_url
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     warning = check_host(host, explicit_host)

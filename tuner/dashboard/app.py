@@ -2,17 +2,17 @@
 the pages poll to update themselves while a launch runs, static assets shipped in the package.
 
 Read-only by construction: every route is GET (Starlette answers 405 to anything else), and the
-database is read through ``queries.Reader``'s read-only engine.  Everything from the database
-reaches a page through Jinja's autoescaping or the DOM's ``textContent`` (the scripts never
-build HTML from data), and the Content-Security-Policy allows scripts from this server only,
-so an injected ``<script>`` could not run even if it got through.
+database is read through ``reader.Reader``'s read-only engine.  Every table is drawn once, by
+the templates here, with Jinja's autoescaping; while a launch runs ``dashboard.js`` fetches
+the page again and swaps in the parts marked ``data-live`` (it builds no HTML from data and
+formats nothing).  The Content-Security-Policy allows scripts from this server only, so an
+injected ``<script>`` could not run even if it got through.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,10 +27,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from .. import formatting
 from . import graphsvg
 from .cluster import ClusterView
+from .params import BadInput, not_found, path_id, query_id, query_text
 from .progress import all_jobs, job_progress
-from .queries import Reader, iso, shapes_text
+from .reader import Reader
+from .source import highlighted, kernel_source
+from .tables import FAILURES, largest_id
+from .views import duration, iso, shapes_text, when
 
 HERE = Path(__file__).resolve().parent
 POLL_MS = 2000
@@ -39,33 +44,6 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 
 # ------------------------------------------------------------------------------- formatting
-
-
-def ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
-
-
-def when(t: datetime | str | None) -> str:
-    if t is None:
-        return "-"
-    if isinstance(t, str):
-        t = datetime.fromisoformat(t)
-    return f"{t:%Y-%m-%d %H:%M:%S}"
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-def config_text(config: Any) -> str:
-    if isinstance(config, dict):
-        return " ".join(f"{k}={v}" for k, v in sorted(config.items())) or "(none)"
-    return "-" if config is None else json.dumps(config)
 
 
 def _jsonable(value: Any) -> Any:
@@ -106,10 +84,12 @@ def create_app(url: str | None = None, *, address: str | None = None,
     cluster = cluster or ClusterView(address)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     env = templates.env
-    env.filters.update(ms=ms, when=when, duration=duration, config=config_text,
-                       shapes=shapes_text)
+    env.filters.update(ms=formatting.ms, config=formatting.config_text, when=when,
+                       duration=duration, shapes=shapes_text)
     env.globals.update(db_url=reader.url, poll_ms=POLL_MS, cluster_address=address,
-                       optuna_dashboard=optuna_dashboard)
+                       optuna_dashboard=optuna_dashboard, failure_statuses=FAILURES)
+
+    largest = largest_id(reader.engine)  # a larger id names no row
 
     async def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -117,14 +97,13 @@ def create_app(url: str | None = None, *, address: str | None = None,
     def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         return templates.TemplateResponse(request, name, context, status_code=status)
 
-    def not_found(request: Request, what: str) -> Response:
-        return page(request, "missing.html", 404, title="not found", what=what)
-
-    def int_param(request: Request, name: str) -> int | None:
-        try:
-            return int(request.path_params[name])
-        except (KeyError, ValueError):
-            return None
+    async def bad_input(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, BadInput)
+        if request.url.path.startswith("/api/"):
+            return api({"error": exc.message}, exc.status)
+        return page(request, "missing.html", exc.status,
+                    title="not found" if exc.status == 404 else "bad request",
+                    message=exc.message)
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -137,10 +116,10 @@ def create_app(url: str | None = None, *, address: str | None = None,
     async def jobs_api(request: Request) -> Response:
         return api(await run(jobs_data))
 
-    def job_data(job_id: int) -> dict | None:
+    def job_data(job_id: int) -> dict:
         job = reader.job(job_id)
         if job is None:
-            return None
+            raise not_found(f"job {job_id}")
         prefixes = reader.job_program_hashes([job_id]).get(job_id, [])
         progress, rows = job_progress(reader, job, prefixes, optuna=True)
         stats = reader.search_stats(job_id)
@@ -151,41 +130,38 @@ def create_app(url: str | None = None, *, address: str | None = None,
                 "programs": [r.as_dict() for r in rows]}
 
     async def job_page(request: Request) -> Response:
-        job_id = int_param(request, "job_id")
-        data = None if job_id is None else await run(job_data, job_id)
-        if data is None:
-            return not_found(request, f"job {request.path_params.get('job_id')}")
+        data = await run(job_data, path_id(request, "job_id", "job", largest))
         return page(request, "job.html", title=f"job {data['job']['job_key']}", data=data)
 
     async def job_api(request: Request) -> Response:
-        job_id = int_param(request, "job_id")
-        data = None if job_id is None else await run(job_data, job_id)
-        return api(data) if data is not None else api({"error": "no such job"}, 404)
+        return api(await run(job_data, path_id(request, "job_id", "job", largest)))
 
     # -- programs -------------------------------------------------------------------------
 
-    def program_data(program_id: int) -> dict | None:
+    def program_data(program_id: int) -> dict:
         rows = reader.programs(ids=[program_id])
-        return None if not rows else {"programs": [rows[0].as_dict()]}
+        if not rows:
+            raise not_found(f"program {program_id}")
+        return {"programs": [rows[0].as_dict()]}
 
     async def program_page(request: Request) -> Response:
-        pid = int_param(request, "program_id")
-        data = None if pid is None else await run(program_data, pid)
-        if data is None:
-            return not_found(request, f"program {request.path_params.get('program_id')}")
+        data = await run(program_data, path_id(request, "program_id", "program", largest))
         return page(request, "program.html", title=data["programs"][0]["name"], data=data)
 
     async def program_api(request: Request) -> Response:
-        pid = int_param(request, "program_id")
-        data = None if pid is None else await run(program_data, pid)
-        return api(data) if data is not None else api({"error": "no such program"}, 404)
+        return api(await run(program_data, path_id(request, "program_id", "program", largest)))
+
+    def program_device(request: Request) -> tuple[int, str]:
+        return (path_id(request, "program_id", "program", largest),
+                str(query_text(request, "device", required=True)))
+
+    def series_data(pid: int, device: str) -> dict:
+        if not reader.has_program(pid):
+            raise not_found(f"program {pid}")
+        return reader.series(pid, device)
 
     async def series_api(request: Request) -> Response:
-        pid = int_param(request, "program_id")
-        device = request.query_params.get("device", "")
-        if pid is None or not device:
-            return api({"error": "give /api/programs/ID/series?device=KEY"}, 400)
-        return api(await run(reader.series, pid, device))
+        return api(await run(series_data, *program_device(request)))
 
     predictions: dict[tuple, dict] = {}  # (program, device, ok timings there) -> answer
 
@@ -193,7 +169,7 @@ def create_app(url: str | None = None, *, address: str | None = None,
         """The cost model's predictions, recomputed only when new timings arrived there."""
         from .predicted import predicted_vs_measured
 
-        version = (pid, device, reader.series(pid, device).get("trials"))
+        version = (pid, device, series_data(pid, device).get("trials"))
         if version not in predictions:
             if len(predictions) > 64:
                 predictions.clear()
@@ -201,56 +177,50 @@ def create_app(url: str | None = None, *, address: str | None = None,
         return predictions[version]
 
     async def predicted_api(request: Request) -> Response:
-        pid = int_param(request, "program_id")
-        device = request.query_params.get("device", "")
-        if pid is None or not device:
-            return api({"error": "give /api/programs/ID/predicted?device=KEY"}, 400)
-        return api(await run(predicted_data, pid, device))
+        return api(await run(predicted_data, *program_device(request)))
 
     # -- kernels --------------------------------------------------------------------------
 
-    def kernel_data(trial_id: int) -> dict | None:
+    def kernel_data(trial_id: int) -> dict:
         data = reader.kernel(trial_id)
         if data is None:
-            return None
+            raise not_found(f"kernel (trial) {trial_id}")
         data["drawings"] = graphsvg.drawings(data["structure"])
-        data["source"], data["source_note"] = _source(data)
+        data["source"], data["source_note"] = kernel_source(data)
         return data
 
     async def kernel_page(request: Request) -> Response:
-        trial_id = int_param(request, "trial_id")
-        data = None if trial_id is None else await run(kernel_data, trial_id)
-        if data is None:
-            return not_found(request, f"kernel (trial) {request.path_params.get('trial_id')}")
-        highlighted = _highlight(data["source"], data["device_key"]) if data["source"] else None
+        data = await run(kernel_data, path_id(request, "trial_id", "kernel (trial)", largest))
+        shown = highlighted(data["source"], data["device_key"]) if data["source"] else None
         return page(request, "kernel.html", title=f"kernel {data['structure_hash'][:12]}",
-                    k=data, highlighted=highlighted)
+                    k=data, highlighted=shown)
 
     async def kernel_api(request: Request) -> Response:
-        trial_id = int_param(request, "trial_id")
-        data = None if trial_id is None else await run(kernel_data, trial_id)
-        if data is None:
-            return api({"error": "no such trial"}, 404)
+        data = await run(kernel_data, path_id(request, "trial_id", "kernel (trial)", largest))
         data.pop("drawings")
         return api(data)
 
     # -- failures -------------------------------------------------------------------------
 
-    def failures_data(q: Any) -> dict:
-        before = q.get("before")
-        return reader.failures(status=q.get("status") or None, program=q.get("program") or None,
-                               device=q.get("device") or None,
-                               text_filter=q.get("q") or None,
-                               before=int(before) if before and before.isdigit() else None)
+    def failure_filters(request: Request) -> dict:
+        return {"status": query_text(request, "status", choices=FAILURES),
+                "program": query_text(request, "program"),
+                "device": query_text(request, "device"), "q": query_text(request, "q")}
+
+    def failures_data(filters: dict, before: int | None) -> dict:
+        return reader.failures(status=filters["status"], program=filters["program"],
+                               device=filters["device"], text_filter=filters["q"],
+                               before=before)
 
     async def failures_page(request: Request) -> Response:
-        q = request.query_params
-        data = await run(failures_data, q)
+        filters = failure_filters(request)
+        data = await run(failures_data, filters, query_id(request, "before", largest))
         return page(request, "failures.html", title="failures", data=data,
-                    filters={k: q.get(k, "") for k in ("status", "program", "device", "q")})
+                    filters={k: v or "" for k, v in filters.items()})
 
     async def failures_api(request: Request) -> Response:
-        return api(await run(failures_data, request.query_params))
+        return api(await run(failures_data, failure_filters(request),
+                             query_id(request, "before", largest)))
 
     # -- cluster --------------------------------------------------------------------------
 
@@ -295,6 +265,7 @@ def create_app(url: str | None = None, *, address: str | None = None,
         Route("/favicon.ico", lambda request: Response(status_code=204)),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
+
     def warm() -> None:
         """Read every aggregate once before serving (the first request after a start would
         otherwise pay for scanning all measurements; later ones read only new rows)."""
@@ -310,37 +281,7 @@ def create_app(url: str | None = None, *, address: str | None = None,
         yield
         reader.close()
 
-    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan,
+                    exception_handlers={BadInput: bad_input})
     app.state.reader = reader
     return app
-
-
-def _source(data: dict) -> tuple[str | None, str]:
-    """The kernel's source: the stored one for a best kernel, else rendered now from its
-    structure and config (the same lowering and renderer the launch used)."""
-    if data["best"] is not None and data["best"]["source"]:
-        return data["best"]["source"], "stored with the best kernel"
-    try:
-        from kernels import get_device
-        from search import from_obj
-
-        kind = "cpu" if str(data["device_key"]).startswith("cpu") else "cuda"
-        device = get_device(kind)
-        config = {k: int(v) for k, v in (data["config"] or {}).items()}
-        plan = device.lower(from_obj(data["structure"]), config, str(data["program"]))
-        return device.render(plan), f"rendered now for {kind} (not a best kernel, so not stored)"
-    except Exception as err:  # noqa: BLE001 - shown on the page
-        return None, f"could not render the source: {type(err).__name__}: {err}"
-
-
-def _highlight(source: str, device_key: str) -> str | None:
-    try:
-        from markupsafe import Markup
-        from pygments import highlight
-        from pygments.formatters import HtmlFormatter
-        from pygments.lexers import CppLexer, CudaLexer
-    except ImportError:
-        return None
-    lexer = CppLexer() if str(device_key).startswith("cpu") else CudaLexer()
-    # Pygments escapes the source itself; the markup is safe to insert
-    return Markup(highlight(source, lexer, HtmlFormatter(cssclass="hl", linenos="table")))

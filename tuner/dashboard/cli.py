@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from db import DEFAULT_URL
+
 from . import DEFAULT_HOST, DEFAULT_PORT
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dashboard", help="a live web page over the database (and Ray cluster)")
-    p.add_argument("--db", metavar="URL", help="database URL (default sqlite:///./tuner.db)")
+    p.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     p.add_argument("--address", help="the Ray cluster to show (as given to tuner launch)")
     p.add_argument("--host", help=f"address to bind (default {DEFAULT_HOST}; anything but "
                                   "a loopback address prints a warning)")
@@ -47,7 +49,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     except RemoteBindRefused as err:
         raise InputError(str(err)) from None
     except OperationalError as err:  # words, and the URL without its password
-        from .queries import shown_url
+        from .tables import shown_url
 
         why = str(err.orig or err).strip().splitlines()[0]
         raise InputError(f"cannot read the database {shown_url(args.db)}: {why}") from None

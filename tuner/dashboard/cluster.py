@@ -59,6 +59,8 @@ class ClusterView:
         return self._state
 
     def _ray_dashboard(self) -> str | None:
+        if not self.address:
+            return None
         if self._dashboard_url is not None:
             return self._dashboard_url(self.address)
         try:
@@ -84,7 +86,7 @@ class ClusterView:
                               "state": _get(n, "state"), "name": _get(n, "node_name"),
                               "cpus": res.get("CPU", 0), "gpus": res.get("GPU", 0),
                               "memory_gb": round(res.get("memory", 0) / 2**30, 1)})
-        running = {}
+        running: dict[Any, list] = {}
         for t in tasks:
             if _get(t, "actor_id"):
                 running.setdefault(_get(t, "actor_id"), []).append(_get(t, "name"))

@@ -1,7 +1,7 @@
 """Predicted vs measured: the stored cost model's predictions for what a program x device
 measured, with its rank correlation there.
 
-Read-only like every query of the dashboard: the model comes from ``tuner_models``, the
+Read-only like every query of the dashboard: the model comes from db's cost-model table, the
 measurements from the first timing of each ok trial (at most ``limit``, newest first).  The
 prediction lowers each measured config once to featurize it, so the result is cached per
 (model, measurements) by the reader that calls this.
@@ -17,38 +17,47 @@ from sqlalchemy import Engine, desc, select
 
 import db
 
+from .tables import MEASURED, OK, M, P, S, T, models_t, programs_t
+
+C = models_t.c
+
 LIMIT = 1000
-
-
-def _table(name: str) -> Any:
-    return db.Base.metadata.tables[name]
 
 
 def predicted_vs_measured(engine: Engine, program_id: int, device_key: str,
                           limit: int = LIMIT) -> dict:
+    """``{model, points, kendall_tau, mape, reason}`` and ``note``: the chart's caption,
+    written here so that the page's script formats nothing."""
+    out = _predicted(engine, program_id, device_key, limit)
+    model, tau, reason = out["model"], out.get("kendall_tau"), out.get("reason")
+    parts = [f"model {model['id']} ({model['kind']})"] if model else []
+    if tau is not None:
+        parts.append(f"Kendall tau {tau:.2f}")
+    if reason:
+        parts.append(reason)
+    out["note"] = " · ".join(parts)
+    return out
+
+
+def _predicted(engine: Engine, program_id: int, device_key: str, limit: int) -> dict:
     import costmodel
 
-    models = _table("tuner_models")
     with engine.connect() as conn:
         row = conn.execute(
-            select(models.c.id, models.c.kind, models.c.feature_version, models.c.weights,
-                   models.c.trained_on_json)
-            .where(models.c.device_key.in_([device_key, db.ALL_DEVICES]))
-            .order_by((models.c.device_key == device_key).desc(), desc(models.c.id))
+            select(C.id, C.kind, C.feature_version, C.weights, C.trained_on_json)
+            .where(C.device_key.in_([device_key, db.ALL_DEVICES]))
+            .order_by((C.device_key == device_key).desc(), desc(C.id))
             .limit(1)).first()
         if row is None or row.feature_version != costmodel.FEATURE_VERSION:
             return {"model": None, "reason": f"no trained cost model for {device_key} "
                     "(`tuner model train` makes one)", "points": []}
-        m, t, s, p = (_table(n) for n in ("tuner_measurements", "tuner_trials",
-                                           "tuner_structures", "tuner_programs"))
         rows = conn.execute(
-            select(m.c.id, t.c.id.label("trial_id"), p.c.name, p.c.program_hash,
-                   s.c.structure_hash, s.c.structure_json, t.c.config_json, m.c.median_s)
-            .select_from(m.join(t, t.c.id == m.c.trial_id).join(s, s.c.id == t.c.structure_id)
-                         .join(p, p.c.id == s.c.program_id))
-            .where(p.c.id == program_id, m.c.device_key == device_key, m.c.status == "ok",
-                   m.c.attempt == 0)
-            .order_by(desc(m.c.id)).limit(limit)).all()
+            select(M.id, T.id.label("trial_id"), P.name, P.program_hash, S.structure_hash,
+                   S.structure_json, T.config_json, M.median_s)
+            .select_from(MEASURED.join(programs_t, P.id == S.program_id))
+            .where(P.id == program_id, M.device_key == device_key, M.status == OK,
+                   M.attempt == 0)
+            .order_by(desc(M.id)).limit(limit)).all()
     model = costmodel.load_model(row.weights)
     graphs: dict[str, Any] = {}
     training = [db.TrainingRow(r.id, r.name, r.program_hash, r.structure_hash,
@@ -64,7 +73,7 @@ def predicted_vs_measured(engine: Engine, program_id: int, device_key: str,
                 "points": []}
     if not samples:
         return {"model": info, "reason": "no ok timing here yet", "points": []}
-    predicted = model.predict(samples)
+    predicted = [float(q) for q in model.predict(samples)]
     scores = costmodel.evaluate([x.group for x in samples], [x.seconds for x in samples],
                                 predicted)
     points = [{"trial": r.trial_id, "measured": r.median_s, "predicted": float(q)}

@@ -13,14 +13,18 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
-from .queries import ProgramRow, Reader, iso, shapes_text
+import db
+
+from .reader import Reader
+from .tables import FINISHED, RUNNING
+from .views import ProgramProgress, iso, shapes_text
 
 
 @dataclass(frozen=True)
 class Plan:
     programs: list[tuple[str, str, dict]]  # (name, program_hash, shapes) in the job's order
+    keys: list[tuple[str, str]]  # (program_hash, shapes key) of each, as db files them
     devices: int
     structures: int
     trials_per_structure: int
@@ -48,9 +52,13 @@ def job_plan(job_path: str, job_key: str) -> Plan | None:
         from ..jobfile import load_job
 
         job = load_job(job_path)
-        if key_of(job) == job_key:
-            keys = [program_key(e.program) for e in job.programs]
-            plan = Plan([(k.name, k.program_hash, k.shapes) for k in keys], len(job.devices),
+        programs = [e.program for e in job.programs if e.program is not None]
+        # a recorded space's entry has no program to key here: that job's totals are what
+        # the database shows, as for a job file that is gone
+        if key_of(job) == job_key and len(programs) == len(job.programs):
+            keys = [program_key(p) for p in programs]
+            plan = Plan([(k.name, k.program_hash, k.shapes) for k in keys],
+                        [(k.program_hash, db.shapes_key(k.shapes)) for k in keys], len(job.devices),
                         job.tuning.structures, job.tuning.trials_per_structure,
                         job.tuning.time_budget_s)
     except Exception:  # a file that no longer loads is no plan, not a broken page
@@ -62,8 +70,8 @@ def job_plan(job_path: str, job_key: str) -> Plan | None:
 
 def job_progress(reader: Reader, job: dict, prefixes: list[str],
                  now: datetime | None = None, optuna: bool = False,
-                 every_program: list[ProgramRow] | None = None
-                 ) -> tuple[dict, list[ProgramRow]]:
+                 every_program: list[ProgramProgress] | None = None
+                 ) -> tuple[dict, list[ProgramProgress]]:
     """(progress of ``job``, its programs in the job's order); ``every_program``: all
     program rows, read once for many jobs."""
     now = now or datetime.now(timezone.utc)
@@ -72,18 +80,19 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
     if plan is not None:
         hashes += [h[:16] for _, h, _ in plan.programs if h[:16] not in hashes]
     if every_program is not None:
-        wanted = set(hashes)
-        rows = [r for r in every_program if r.program_hash[:16] in wanted]
+        searched = set(hashes)
+        rows = [r for r in every_program if r.program_hash[:16] in searched]
     else:
         rows = reader.programs(hashes=hashes, optuna=optuna)
-    waiting = []
+    waiting: list[dict] = []
     if plan is not None:  # the job's own shapes, in its order
-        wanted = {(h, _canon(s)): i for i, (_, h, s) in enumerate(plan.programs)}
-        rows = [r for r in rows if (r.program_hash, _canon(r.shapes)) in wanted]
-        rows.sort(key=lambda r: wanted[(r.program_hash, _canon(r.shapes))])
-        have = {(r.program_hash, _canon(r.shapes)) for r in rows}
-        waiting = [{"name": n, "shapes_text": shapes_text(s)} for n, h, s in plan.programs
-                   if (h, _canon(s)) not in have]
+        wanted = {key: i for i, key in enumerate(plan.keys)}
+        rows = [r for r in rows if _key(r) in wanted]
+        rows.sort(key=lambda r: wanted[_key(r)])
+        have = {_key(r) for r in rows}
+        waiting = [{"name": n, "shapes_text": shapes_text(s)}
+                   for (n, _, s), key in zip(plan.programs, plan.keys, strict=True)
+                   if key not in have]
     else:
         order = {p: i for i, p in enumerate(prefixes)}
         rows.sort(key=lambda r: (order.get(r.program_hash[:16], len(order)), r.id))
@@ -95,10 +104,10 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
     started = {r.program_hash[:16] for r in rows
                if r.created_at and started_at and r.created_at >= started_at} | set(prefixes)
     position = [i for i, r in enumerate(rows) if r.program_hash[:16] in started]
-    finished = job["status"] == "finished"
+    finished = job["status"] == FINISHED
     done = total if finished else max(0, len(position) - 1) if position else 0
     current = None
-    if job["status"] == "running" and position:
+    if job["status"] == RUNNING and position:
         current = rows[position[-1]].name
     trials = sum(r.trials for r in rows)
     planned = None
@@ -111,10 +120,10 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
             per_program.append(tuned * plan.trials_per_structure * plan.devices)
         planned = max(trials, sum(per_program))
     finished_at = job["finished_at"]
-    end = finished_at if finished_at is not None and job["status"] != "running" else now
+    end = finished_at if finished_at is not None and job["status"] != RUNNING else now
     elapsed = max(0.0, (end - started_at).total_seconds()) if started_at else None
     eta = None
-    if job["status"] == "running" and planned and trials and elapsed:
+    if job["status"] == RUNNING and planned and trials and elapsed:
         eta = elapsed * (planned - trials) / trials
         firsts = [d.first_at for r in rows for d in r.devices.values()
                   if d.first_at and d.first_at >= started_at]
@@ -131,13 +140,13 @@ def job_progress(reader: Reader, job: dict, prefixes: list[str],
         "trials": trials, "trials_planned": planned, "elapsed_s": elapsed, "eta_s": eta,
         "last_measured_at": iso(last), "plan_known": plan is not None,
         "waiting": waiting,
+        "programs": [{"id": r.id, "name": r.name, "shapes_text": r.shapes_text} for r in rows]
+        + [{"id": None, **w} for w in waiting],  # its programs by name, in its order
     }, rows
 
 
-def _canon(shapes: Any) -> str:
-    import json
-
-    return json.dumps(shapes, sort_keys=True, separators=(",", ":"))
+def _key(row: ProgramProgress) -> tuple[str, str]:
+    return row.program_hash, db.shapes_key(row.shapes)
 
 
 def all_jobs(reader: Reader, now: datetime | None = None) -> list[dict]:

@@ -1,15 +1,18 @@
-// tuner dashboard: polls the JSON API of the page it is on and updates the page in place.
-// Every value from the database goes into the DOM as textContent (never as HTML), so a name
-// holding markup shows as text.
+// tuner dashboard: keeps a live page up to date without a reload, and draws its charts.
+//
+// Every table is drawn once, by the server (the Jinja templates).  While a launch runs, this
+// script fetches the page it is on again and swaps in the elements marked data-live (same id)
+// that changed; it never builds HTML from data, and writes no number or date of its own: what
+// a table shows is what the server wrote.  The charts (Chart.js) are drawn here from the JSON
+// series the programs table's rows point at (data-chart-* attributes).
 "use strict";
 
 (function () {
   const body = document.body;
   const POLL = Number(body.dataset.pollMs || 2000);
-  const charts = {};      // "pid|device" -> {best, scatter, trials, mode, param}
+  const charts = {};      // "pid|device" -> {best, scatter, pred, trials, mode, param, ...}
   let inFlight = false;
 
-  // -- tiny DOM helpers ------------------------------------------------------------------
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
@@ -24,128 +27,25 @@
     }
     return node;
   }
-  function link(href, text) { return el("a", {href: href}, text); }
-  function ms(s) { return s === null || s === undefined ? "-" : (s * 1e3).toFixed(3); }
-  function when(iso) { return iso ? iso.replace("T", " ").slice(0, 19) : "-"; }
-  function duration(s) {
-    if (s === null || s === undefined || !isFinite(s)) return "-";
-    s = Math.round(s);
-    const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
-    const two = (x) => String(x).padStart(2, "0");
-    return h ? `${h}h${two(m)}m` : m ? `${m}m${two(r)}s` : `${r}s`;
-  }
-  function config(c) {
-    if (!c || typeof c !== "object") return "(none)";
-    return Object.keys(c).sort().map((k) => `${k}=${c[k]}`).join(" ") || "(none)";
-  }
-  function status(s) { return el("span", {class: "status " + s}, s); }
-  function num(x) { return el("td", {class: "num"}, x); }
-  function programsText(j) {
-    return `${j.programs_done} / ${j.programs_total}` + (j.current ? ` · ${j.current}` : "");
-  }
-  function trialsText(j) {
-    return `${j.trials}` + (j.trials_planned ? ` / ${j.trials_planned}` : "");
-  }
-  function setField(root, name, value) {
-    const node = root.querySelector(`[data-field="${name}"]`);
-    if (node && node.textContent !== value) node.textContent = value;
-  }
   async function getJSON(url) {
     const r = await fetch(url, {headers: {"Accept": "application/json"}, cache: "no-store"});
     if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
     return r.json();
   }
-  function replaceBody(table, rows) {
-    const tbody = table.tBodies[0];
-    tbody.replaceChildren(...rows);
-  }
 
-  // -- jobs page -------------------------------------------------------------------------
-  function renderJobs(data) {
-    const table = document.getElementById("jobs");
-    if (!table) return;
-    const rows = data.jobs.map((j) => {
-      const st = el("td", {}, status(j.status));
-      if (j.attempts > 1) st.append(" ", el("span", {class: "muted"}, `(attempt ${j.attempts})`));
-      return el("tr", {dataset: {job: j.id}},
-        el("td", {}, link(`/jobs/${j.id}`, j.job_key)), st,
-        el("td", {class: "num", dataset: {field: "programs"}}, programsText(j)),
-        el("td", {class: "num", dataset: {field: "trials"}}, trialsText(j)),
-        num(duration(j.elapsed_s)), num(j.eta_s === null ? "-" : duration(j.eta_s)),
-        el("td", {}, when(j.started_at)), el("td", {}, when(j.finished_at)),
-        el("td", {class: "path"}, j.job_path));
-    });
-    if (!rows.length) {
-      rows.push(el("tr", {class: "empty"}, el("td", {colspan: 9},
-        "No job has run against this database yet: tuner launch JOB.yaml.")));
-    }
-    replaceBody(table, rows);
-  }
-
-  // -- job / program page ----------------------------------------------------------------
-  function renderJobFacts(j) {
-    const facts = document.getElementById("job-facts");
-    if (!facts || !j) return;
-    const st = facts.querySelector('[data-field="status"]');
-    if (st && st.textContent !== j.status) st.replaceChildren(status(j.status));
-    setField(facts, "programs", programsText(j) .replace(" · ", " · now "));
-    setField(facts, "trials", trialsText(j));
-    setField(facts, "elapsed", duration(j.elapsed_s));
-    setField(facts, "eta", j.eta_s === null ? "-" : duration(j.eta_s));
-    setField(facts, "finished", when(j.finished_at));
-  }
-
-  function renderPrograms(programs, waiting) {
-    const table = document.getElementById("programs");
-    if (!table) return;
-    const rows = [];
-    for (const p of programs) {
-      const devices = p.devices.length ? p.devices : [null];
-      devices.forEach((d, i) => {
-        const first = i === 0;
-        const cells = [
-          el("td", {}, first ? link(`/programs/${p.id}`, p.name) : ""),
-          el("td", {}, first ? `${p.shapes_text} ${p.dtype}` : ""),
-          num(!first ? "" : !p.structures ? "-" :
-            `${p.verified} verified` + (p.structures !== p.verified ? " + as written" : "")),
-          num(first ? (p.search_states === null ? "-" : p.search_states.toLocaleString("en")) : ""),
-        ];
-        if (d) {
-          const b = d.best;
-          cells.push(el("td", {}, d.device_key), num(d.trials), num(d.statuses.ok || 0),
-            d.failed_trials ? el("td", {class: "num"}, el("a", {title: d.failed_text,
-              href: `/failures?program=${encodeURIComponent(p.name)}&device=${encodeURIComponent(d.device_key)}`},
-              d.failed_trials)) : num(0),
-            num(d.skipped), num(b ? ms(b.time_s) : "-"),
-            num(b ? ms(b.baseline_s) : "-"),
-            num(b && b.speedup ? b.speedup.toFixed(2) + "x" : "-"),
-            el("td", {}, b ? link(`/kernels/${b.trial_id}`,
-              `${b.structure_hash.slice(0, 12)} ${config(b.config)}`) : "-"));
-        } else {
-          cells.push(el("td", {colspan: 9, class: "muted"}, "nothing measured yet"));
-        }
-        rows.push(el("tr", {}, ...cells));
-      });
-    }
-    for (const w of waiting || []) {
-      rows.push(el("tr", {class: "waiting"}, el("td", {}, w.name), el("td", {}, w.shapes_text),
-        el("td", {colspan: 11, class: "muted"}, "not reached yet")));
-    }
-    if (!rows.length) {
-      rows.push(el("tr", {class: "empty"}, el("td", {colspan: 13},
-        "No program of this job is in the database yet.")));
-    }
-    replaceBody(table, rows);
-    for (const p of programs) {
-      for (const d of p.devices) {
-        if (d.trials > 0) ensureCharts(p, d);
-      }
+  // -- live parts: the server's newer rendering of this page, swapped in where it changed --
+  function swap(fresh) {
+    for (const now of document.querySelectorAll("[data-live][id]")) {
+      const next = fresh.getElementById(now.id);
+      if (next && next.outerHTML !== now.outerHTML) now.replaceWith(document.importNode(next, true));
     }
   }
 
   // -- charts (Chart.js, shipped in static/) ---------------------------------------------
-  function ensureCharts(p, d) {
-    const key = `${p.id}|${d.device_key}`;
+  function ensureCharts(row) {
+    const d = row.dataset;
+    const key = `${d.chartProgram}|${d.chartDevice}`;
+    const trials = Number(d.chartTrials);
     let c = charts[key];
     if (!c) {
       const host = document.getElementById("charts");
@@ -158,7 +58,7 @@
         el("option", {value: "trial"}, "over trials"), el("option", {value: "t"}, "over wall time"));
       const paramSel = el("select", {class: "param"});
       const card = el("section", {class: "chart-card", dataset: {key: key}},
-        el("h3", {}, `${p.name} `, el("span", {class: "muted"}, `${p.shapes_text} · ${d.device_key}`)),
+        el("h3", {}, `${d.chartName} `, el("span", {class: "muted"}, d.chartTitle)),
         el("div", {class: "pair"},
           el("figure", {class: "best-chart"}, el("figcaption", {}, "best so far ", modeSel),
             el("div", {class: "canvas"}, bestCanvas)),
@@ -168,9 +68,9 @@
             el("figcaption", {}, "cost model: predicted vs measured ", predNote),
             el("div", {class: "canvas"}, predCanvas))));
       host.append(card);
-      c = charts[key] = {pid: p.id, device: d.device_key, trials: -1, mode: "trial",
-        param: null, data: null, card: card, modeSel: modeSel, paramSel: paramSel,
-        predNote: predNote};
+      c = charts[key] = {trials: -1, mode: "trial", param: null, data: null, card: card,
+        paramSel: paramSel, predNote: predNote,
+        series: d.chartSeries, predicted: d.chartPredicted};
       c.best = new Chart(bestCanvas, {
         type: "line",
         data: {datasets: [{label: "best first timing (ms)", data: [], stepped: "after",
@@ -202,12 +102,10 @@
       modeSel.addEventListener("change", () => { c.mode = modeSel.value; drawCharts(c); });
       paramSel.addEventListener("change", () => { c.param = paramSel.value; drawCharts(c); });
     }
-    if (c.trials !== d.trials) {
-      c.trials = d.trials;
-      const url = `/api/programs/${p.id}/series?device=${encodeURIComponent(d.device_key)}`;
-      getJSON(url).then((s) => { c.data = s; drawCharts(c); }).catch(() => {});
-      const purl = `/api/programs/${p.id}/predicted?device=${encodeURIComponent(d.device_key)}`;
-      getJSON(purl).then((r) => drawPredicted(c, r)).catch(() => {});
+    if (c.trials !== trials) {
+      c.trials = trials;
+      getJSON(c.series).then((s) => { c.data = s; drawCharts(c); }).catch(() => {});
+      getJSON(c.predicted).then((r) => drawPredicted(c, r)).catch(() => {});
     }
   }
 
@@ -248,53 +146,32 @@
   function drawPredicted(c, r) {
     c.pred.data.datasets[0].data = (r.points || []).map((q) => ({x: q.measured * 1e3, y: q.predicted * 1e3}));
     c.pred.update("none");
-    const tau = r.kendall_tau === null || r.kendall_tau === undefined ? "" : ` · Kendall tau ${r.kendall_tau.toFixed(2)}`;
-    c.predNote.textContent = r.model ? `model ${r.model.id} (${r.model.kind})${tau}${r.reason ? " · " + r.reason : ""}` : (r.reason || "");
+    c.predNote.textContent = r.note || "";
     c.card.dataset.predicted = String((r.points || []).length);
   }
 
-  // -- cluster page ----------------------------------------------------------------------
-  function renderCluster(s) {
-    const err = document.getElementById("cluster-error");
-    if (err) { err.hidden = !s.error; err.textContent = s.error || ""; }
-    const fill = (id, rows, cols, none) => {
-      const t = document.getElementById(id);
-      if (!t) return;
-      if (!rows.length) rows = [el("tr", {class: "empty"}, el("td", {colspan: cols}, none))];
-      replaceBody(t, rows);
-    };
-    fill("nodes", s.nodes.map((n) => el("tr", {},
-      el("td", {}, (n.node_id || "").slice(0, 12) + (n.head ? " (head)" : "")), el("td", {}, n.ip),
-      el("td", {}, n.state), num(n.cpus), num(n.gpus), num(n.memory_gb))), 6, "none");
-    fill("slots", s.slots.map((a) => el("tr", {},
-      el("td", {}, (a.actor_id || "").slice(0, 12)), el("td", {}, a.node), num(a.pid), num(a.gpus),
-      el("td", {}, a.state), el("td", {}, a.doing))), 6,
-      "none (a launch starts one per device when it tunes)");
-    fill("tasks", s.tasks.map((t) => el("tr", {},
-      el("td", {}, (t.task_id || "").slice(0, 12)), el("td", {}, t.name), el("td", {}, t.node),
-      num(t.pid), el("td", {}, t.state))), 5, "none running (a launch runs them while it searches)");
+  function followCharts() {
+    for (const row of document.querySelectorAll("#programs tr[data-chart-series]")) {
+      if (Number(row.dataset.chartTrials) > 0) ensureCharts(row);
+    }
   }
 
   // -- polling ---------------------------------------------------------------------------
-  const page = body.dataset.page;
-  const api = page === "jobs" ? "/api/jobs" : body.dataset.api;
-  if (!api) return;
-
-  function apply(data) {
-    if (page === "jobs") renderJobs(data);
-    else if (page === "job" || page === "program") {
-      renderJobFacts(data.job);
-      renderPrograms(data.programs, data.job ? data.job.waiting : []);
-    } else if (page === "cluster") renderCluster(data);
-    body.dataset.updated = String(Date.now());
-    const live = document.getElementById("live");
-    if (live) live.hidden = false;
-  }
+  followCharts();
+  if (!body.hasAttribute("data-live-page")) return;
 
   async function tick() {
     if (inFlight || document.hidden) return;
     inFlight = true;
-    try { apply(await getJSON(api)); } catch (e) { /* the next tick tries again */ }
+    try {
+      const r = await fetch(location.href, {headers: {"Accept": "text/html"}, cache: "no-store"});
+      if (!r.ok) throw new Error(`HTTP ${r.status}`);
+      swap(new DOMParser().parseFromString(await r.text(), "text/html"));
+      followCharts();
+      body.dataset.updated = String(Date.now());
+      const live = document.getElementById("live");
+      if (live) live.hidden = false;
+    } catch (e) { /* the next tick tries again */ }
     finally { inFlight = false; }
   }
   tick();
