@@ -27,6 +27,7 @@ tour: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 # The cuda device on this machine's GPU: every test marked gpu (they skip, saying why, where
