@@ -219,7 +219,7 @@ class RayExecutor:
         self.finished_s: list[float] = []
         self.reissued: list[str] = []
         self.on_reissue: Callable[[str, float, float], None] | None = None
-        self._payload_ref: tuple[int, Any] | None = None
+        self._payload_ref: tuple[dict, Any] | None = None
 
     def submit(self, shard: Shard, payload: dict) -> None:
         if self._payload_ref is None or self._payload_ref[0] is not payload:

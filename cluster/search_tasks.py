@@ -31,7 +31,7 @@ def verify_structure(structure: KernelGraph, small_reference: KernelGraph,
                      tests: int = DEFAULT_TESTS) -> tuple[bool, str]:
     """Verify at the small instance with every grid / for-loop symbol bound to 2."""
     config = {s: 2 for s in sorted(structure.symbols())}
-    shapes = [small_reference.tensors[t].shape for t in small_reference.input_ids]
+    shapes = small_reference.input_shapes()
     try:
         small = structure.replay(shapes, config)
     except ValueError as err:

@@ -51,7 +51,7 @@ class SlotPool:
         # a cpu slot reserves no CPU: it times only while the search tasks are idle
         # a GPU slot reserves no CPU either (an actor asking for none would hold one CPU to
         # be placed: on nodes of one CPU, GPU slots then waited for the search tasks)
-        self.resources = resources if resources is not None else (
+        self.resources: dict[str, Any] = resources if resources is not None else (
             {"num_cpus": 0} if device == "cpu" else {"num_cpus": 0, "num_gpus": 1})
         self.retries, self.replaced = retries, 0
         self._actor = ray.remote(max_restarts=0, max_task_retries=0,

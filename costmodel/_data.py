@@ -60,15 +60,20 @@ def read_kernel_tuner(path: str | Path) -> KernelTunerSpace:
         raise CacheFormatError(f"{path}: 'tune_params_keys' must be a list of parameter names")
     if not isinstance(doc["cache"], dict) or not doc["cache"]:
         raise CacheFormatError(f"{path}: 'cache' must be a non-empty object of configurations")
-    configs, times, failures = [], [], []
+    configs: list[dict] = []
+    times: list[float] = []
+    failures: list[str | None] = []
     for name, entry in doc["cache"].items():
         if not isinstance(entry, dict) or any(k not in entry for k in keys):
             raise CacheFormatError(f"{path}: cache entry {name!r} lacks the parameters {keys}")
         configs.append({k: entry[k] for k in keys})
         t = entry.get("time")
-        ok = isinstance(t, int | float) and math.isfinite(t) and t > 0
-        times.append(float(t) * 1e-3 if ok else math.nan)  # Kernel Tuner's are milliseconds
-        failures.append(None if ok else str(t))
+        if isinstance(t, int | float) and math.isfinite(t) and t > 0:
+            times.append(float(t) * 1e-3)  # Kernel Tuner's are milliseconds
+            failures.append(None)
+        else:
+            times.append(math.nan)
+            failures.append(str(t))
     size = doc.get("problem_size") or []
     size = size if isinstance(size, list) else [size]
     device = str(doc.get("device_name") or "").strip() or path.name.split(".")[0]

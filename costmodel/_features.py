@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -144,7 +145,7 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
         if op.kind == "input":
             t = op.outputs[0]
             producer[t] = node("input", bound.tensors[t].shape, "kernel", Level.GLOBAL,
-                               4 * math.prod(bound.tensors[t].shape), 0, [0.0] * KERNEL_DIM)
+                               4 * _elems(bound.tensors[t].shape), 0, [0.0] * KERNEL_DIM)
             continue
         if op.kind == "output":
             out = node("output", bound.tensors[op.inputs[0]].shape, "kernel", Level.GLOBAL, 0,
@@ -155,7 +156,7 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
         if op.kind != "graph_kernel":
             shape = bound.tensors[op.outputs[0]].shape
             n = node(op.kind, shape, "kernel", Level.GLOBAL,
-                     4 * sum(math.prod(bound.tensors[t].shape) for t in op.inputs + op.outputs),
+                     4 * sum(_elems(bound.tensors[t].shape) for t in op.inputs + op.outputs),
                      _flops(op.kind, [bound.tensors[t].shape for t in op.inputs], shape), kern)
             edges += [(producer[t], n) for t in op.inputs]
             producer[op.outputs[0]] = n
@@ -203,6 +204,11 @@ def _block_nodes(op, bound: KernelGraph, index: int, kern: list[float], levels, 
                  flops, kern)
         edges += [(local[i], n) for i in bop.inputs]
         local[t] = n
+
+
+def _elems(shape: Sequence[Any]) -> int:
+    """Elements of a bound (concrete) shape."""
+    return math.prod(int(d) for d in shape)
 
 
 def _flops(kind: str, in_shapes: list, out_shape) -> float:

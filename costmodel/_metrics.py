@@ -32,18 +32,18 @@ def group_metrics(true_s: np.ndarray, pred_s: np.ndarray) -> dict[str, float]:
     return out
 
 
-def evaluate(groups: Sequence[str], true_s: Sequence[float], pred_s: Sequence[float]
-             ) -> dict[str, float]:
+def evaluate(groups: Sequence[str], true_s: Sequence[float] | np.ndarray,
+             pred_s: Sequence[float] | np.ndarray) -> dict[str, float]:
     """``{"n", "groups", "kendall_tau", "top1_slowdown", "top5_recall", "mape"}``: rank
     metrics averaged over the groups, MAPE over all rows."""
-    true_s, pred_s = np.asarray(true_s, np.float64), np.asarray(pred_s, np.float64)
+    true, pred = np.asarray(true_s, np.float64), np.asarray(pred_s, np.float64)
     rows: dict[str, list[int]] = defaultdict(list)
     for i, g in enumerate(groups):
         rows[g].append(i)
-    per = [group_metrics(true_s[idx], pred_s[idx]) for idx in rows.values()]
-    out: dict[str, float] = {"n": int(len(true_s)), "groups": len(rows)}
+    per = [group_metrics(true[idx], pred[idx]) for idx in rows.values()]
+    out: dict[str, float] = {"n": int(len(true)), "groups": len(rows)}
     for key in ("kendall_tau", "top1_slowdown", "top5_recall"):
         vals = [p[key] for p in per if key in p]
         out[key] = float(np.mean(vals)) if vals else math.nan
-    out["mape"] = float(np.mean(np.abs(pred_s - true_s) / true_s))
+    out["mape"] = float(np.mean(np.abs(pred - true) / true))
     return out

@@ -144,8 +144,8 @@ class GbdtModel(CostModel):
         if not samples:  # as every model: no samples, no predictions (np.stack refuses [])
             return np.zeros(0)
         x = np.stack([s.flat() for s in samples])
-        return np.exp(combine(self.level.predict(x), self.shape.predict(x),
-                              group_rows(samples)))
+        return np.exp(combine(np.asarray(self.level.predict(x)),
+                              np.asarray(self.shape.predict(x)), group_rows(samples)))
 
 
 class SageModel(CostModel):
@@ -275,6 +275,8 @@ class SageModel(CostModel):
 
         net = getattr(self, "_module", None)
         if net is None:
+            if self.state is None:
+                raise ValueError("predict before fit: a GraphSAGE model has no weights yet")
             net = self._net()
             net.load_state_dict(torch.load(io.BytesIO(self.state), weights_only=True))
             self._module = net

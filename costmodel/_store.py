@@ -17,7 +17,7 @@ from pathlib import Path
 
 import db
 from kernels import COMPILE_ERROR, OK, RUNTIME_ERROR, DeviceSpec
-from search.ir import from_obj
+from search.ir import KernelGraph, from_obj
 
 from ._data import read_kernel_tuner, spec_for_key
 from ._evaluate import cross_validate
@@ -57,7 +57,7 @@ def import_kernel_tuner(database: db.Database, path: str | Path) -> dict:
 
 def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
     """Features of stored measurements (each structure lowered once per config)."""
-    graphs: dict[str, object] = {}
+    graphs: dict[str, KernelGraph] = {}
     specs: dict[str, DeviceSpec] = {}
     out = []
     for r in rows:

@@ -99,7 +99,7 @@ def make_engine(url: URL) -> Engine:
 
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_connection, _record) -> None:
         # Let SQLAlchemy's "begin" event (below) issue BEGIN, not the sqlite3 module.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -110,7 +110,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(connection) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(connection) -> None:
         options = connection.get_execution_options()
         if options.get(READ_ONCE_OPTION, False):
             return  # a lone SELECT is its own consistent snapshot; skip BEGIN/ROLLBACK

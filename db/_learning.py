@@ -16,9 +16,9 @@ import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import DateTime, Integer, LargeBinary, String, Text, func, select
+from sqlalchemy import DateTime, Integer, LargeBinary, String, Table, Text, func, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from db._models import (
@@ -89,6 +89,11 @@ class MeasuredConfig:
     message: str | None = None
 
 
+def _table(model: type) -> Table:
+    """A mapped class's Core table (for executemany inserts that skip the ORM)."""
+    return cast(Table, model.__table__)  # type: ignore[attr-defined]
+
+
 def training_rows(database: Database, device_key: str | None = None) -> list[TrainingRow]:
     """Every ``ok`` measurement (the first attempt of each trial), oldest first."""
     stmt = (select(MeasurementRow.id, ProgramRow.name, ProgramRow.program_hash,
@@ -109,7 +114,7 @@ def training_rows(database: Database, device_key: str | None = None) -> list[Tra
             if shash not in graphs:
                 graphs[shash] = json.loads(sjson)
             out.append(TrainingRow(mid, name, phash, shash, graphs[shash], json.loads(cjson),
-                                   dkey, median))
+                                   dkey, cast(float, median)))  # ok rows have a median
     return out
 
 
@@ -148,7 +153,7 @@ def record_measured_space(database: Database, *, program_hash: str, shapes: Any,
                 fresh[h] = r
         if not fresh:
             return 0, len(rows)
-        s.execute(TrialRow.__table__.insert(), [
+        s.execute(_table(TrialRow).insert(), [
             {"structure_id": structure_id, "device_key": device_key, "config_hash": h,
              "config_json": json_text(r.config, "config"), "study_name": None,
              "trial_number": None, "created_at": now} for h, r in fresh.items()])
@@ -157,7 +162,7 @@ def record_measured_space(database: Database, *, program_hash: str, shapes: Any,
             TrialRow.config_hash.in_(list(fresh)))).all()) if len(fresh) < 30000 else dict(
             s.execute(select(TrialRow.config_hash, TrialRow.id).where(
                 TrialRow.structure_id == structure_id, TrialRow.device_key == device_key)).all())
-        s.execute(MeasurementRow.__table__.insert(), [
+        s.execute(_table(MeasurementRow).insert(), [
             {"trial_id": ids[h], "device_key": device_key, "attempt": 0, "status": r.status,
              "median_s": r.median_s if r.status == OK else None, "spread_s": None,
              "samples_json": None, "max_error": None,

@@ -26,6 +26,7 @@ except ImportError:  # Windows
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -46,7 +47,7 @@ _PG_LOCK_ID = 7_362_514_001
 _PG_SCHEMA_LOCK_ID = 7_362_514_002
 
 
-def include_object(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]
+def include_object(obj, name, type_, reflected, compare_to) -> bool:
     """Only tuner tables (and their columns, indexes...) take part in schema comparison."""
     if type_ == "table":
         return bool(name) and name.startswith(PREFIX)
@@ -162,10 +163,10 @@ def schema_lock(engine: Engine) -> Iterator[None]:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-_LOCK_HANDLES: dict[str, object] = {}
+_LOCK_HANDLES: dict[str, BinaryIO] = {}
 
 
-def _lock_handle(path: Path) -> object:
+def _lock_handle(path: Path) -> BinaryIO:
     """A handle on the database file itself (created empty if missing), opened once per
     process and never closed.  Closing any descriptor of a file drops every POSIX lock the
     process holds on it, SQLite's included: a launch that closed this handle lost the locks

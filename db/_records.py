@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, overload
 
 from db._models import SHAPES_LEN
 
@@ -103,6 +103,10 @@ def check_time(value: float | None, what: str) -> float | None:
     return out
 
 
+@overload
+def utc(value: datetime) -> datetime: ...
+@overload
+def utc(value: None) -> None: ...
 def utc(value: datetime | None) -> datetime | None:
     """Aware UTC datetimes from either backend (SQLite returns naive ones, stored as UTC)."""
     if value is None:

@@ -151,7 +151,7 @@ class Database(Reads):
 
     def start_job(self, job_key: str, job_path: str) -> JobRecord:
         """Register a job run; the same ``job_key`` again resumes that job (``resumed=True``)."""
-        values = {
+        values: dict[str, Any] = {
             "job_key": check_key(job_key, "job_key", KEY_LEN),
             "job_path": str(job_path),
             "status": "running",
@@ -358,9 +358,9 @@ class Database(Reads):
     def _upsert_best(self, s: Session, values: dict, only_faster: bool) -> bool:
         """Insert or replace the best row of ``values``' key (atomically); with
         ``only_faster`` only a strictly faster time replaces.  Returns whether it changed."""
-        stmt = self._insert(BestKernelRow).values(**values)
-        new = stmt.excluded
-        stmt = stmt.on_conflict_do_update(
+        insert = self._insert(BestKernelRow).values(**values)
+        new = insert.excluded
+        upsert = insert.on_conflict_do_update(
             index_elements=["program_hash", "shapes_key", "dtype", "device_key"],
             set_={
                 "structure_id": new.structure_id,
@@ -373,7 +373,7 @@ class Database(Reads):
             },
             where=(BestKernelRow.time_s > new.time_s) if only_faster else None,
         ).returning(BestKernelRow.id)
-        return s.execute(stmt).scalar_one_or_none() is not None
+        return s.execute(upsert).scalar_one_or_none() is not None
 
 
 def _with_keys() -> Any:

@@ -89,7 +89,7 @@ class SaturatedTarget:
     def apply(self, kind: str, classes: list[str], shapes: list, attrs: dict) -> str | None:
         """The e-class of op ``kind`` applied to operands already known by e-class: a few
         dict lookups, however deep the operands' own expressions are."""
-        term = OPS[kind].abstract([("cls", c) for c in classes], shapes, attrs)
+        term = OPS[kind].expression([("cls", c) for c in classes], shapes, attrs)
         return self.eclass(term)
 
 
@@ -111,7 +111,7 @@ def saturate(outputs: Iterable[Expr], *, max_nodes: int = 50_000, max_iterations
         reports = eg.run_program(*eg.parse_program("(run 1)"))
         iterations += 1
         nodes = _size(eg)
-        updated = any(getattr(r, "report", None) and r.report.updated for r in reports)
+        updated = any(getattr(getattr(r, "report", None), "updated", False) for r in reports)
         if not updated:
             saturated = True
             break
@@ -127,7 +127,7 @@ def _datatype() -> str:
     also names the dimension class it reduces)."""
     funcs = []
     for tag, func in EGG_FUNCTIONS.items():
-        args = "String M" if tag == "sum" else " ".join(["M"] * OPS[tag].arity)
+        args = "String M" if tag == "sum" else " ".join(["M"] * (OPS[tag].arity or 0))
         funcs.append(f"({func} {args})")
     return f"(datatype M (Var String) (Cst String) {' '.join(funcs)})"
 
@@ -197,7 +197,7 @@ class Expressions:
     @staticmethod
     def of_op(graph: Graph, op, exprs: Mapping[int, Expr], attrs: dict) -> Expr:
         shapes = [graph.tensors[t].shape for t in op.inputs]
-        return OPS[op.kind].abstract([exprs[t] for t in op.inputs], shapes, attrs)
+        return OPS[op.kind].expression([exprs[t] for t in op.inputs], shapes, attrs)
 
 
 def target_expressions(reference: KernelGraph) -> list[Expr]:

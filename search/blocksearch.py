@@ -63,12 +63,13 @@ class BlockSearch:
         for kind in self.block_ops:
             opdef = OPS[kind]
             for n in fresh:
+                tuples: list[tuple[int, ...]]
                 if opdef.arity == 1:
                     tuples = [(n,)]
                 elif opdef.commutative:
                     tuples = [(a, n) for a in range(n + 1)]
                 else:
-                    tuples = [(a, n) for a in range(n + 1)] + [(n, a) for a in range(n)]
+                    tuples = [*((a, n) for a in range(n + 1)), *((n, a) for a in range(n))]
                 for operands in tuples:
                     if opdef.arity == 2 and not opdef.attrs:
                         attr_sets: list[tuple] = [()]
@@ -224,8 +225,8 @@ class BlockSearch:
     def _structure(self, outputs: tuple[int, ...]) -> KernelGraph:
         ref = self.ctx.reference
         g = KernelGraph()
-        for t in ref.input_ids:
-            g.new_input(ref.tensors[t].shape, ref.tensors[t].dtype, ref.tensors[t].name)
+        for t, shape in zip(ref.input_ids, ref.input_shapes(), strict=True):
+            g.new_input(shape, ref.tensors[t].dtype, ref.tensors[t].name)
         for op in self.kg.ops[len(ref.input_ids):]:
             g._append(op.kind, op.inputs, dict(op.attrs))
         specs = [(g.tensors[t].shape, g.tensors[t].dtype) for t in self.shard.inputs]

@@ -9,7 +9,9 @@ dims of different inputs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .ir import KernelGraph
 
@@ -95,7 +97,7 @@ def _merge(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(x if x != -1 else y for x, y in zip(a, b, strict=True))
 
 
-def out_classes(kind: str, attrs: dict, ins: list[tuple[int, ...]]) -> tuple[int, ...]:
+def out_classes(kind: str, attrs: Mapping[str, Any], ins: list[tuple[int, ...]]) -> tuple[int, ...]:
     """Dim classes of an op's result from its operands' (the forward half of dim_classes)."""
     if kind == "matmul":
         a, b = ins

@@ -142,7 +142,8 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
                "reference_hash": structural_hash(reference), "limits": _limits_dict(limits),
                "tests": tests,
                "deadline": time.time() + time_limit_s if time_limit_s else None}
-    totals, results = Stats(), {}
+    totals = Stats()
+    results: dict[str, ShardResult] = {}
     verified: dict[str, KernelGraph] = {}
     first_single: float | None = None
     checked = 0

@@ -36,14 +36,14 @@ def _kernel_moves(g: KernelGraph, exprs: dict[int, Expr], ctx: Context,
     tensors = list(range(len(g.tensors)))
     for kind in ctx.limits.kernel_ops:
         opdef = OPS[kind]
-        for operands in itertools.product(tensors, repeat=opdef.arity):
+        for operands in itertools.product(tensors, repeat=opdef.arity or 0):
             if opdef.commutative and list(operands) != sorted(operands):
                 continue
-            attr_sets = [()]
+            attr_sets: list[tuple[tuple[str, int], ...]] = [()]
             if "dim" in opdef.attrs:
                 attr_sets = [(("dim", d),) for d in range(len(g.tensors[operands[0]].shape))]
             for attrs in attr_sets:
-                expr = opdef.abstract([exprs[t] for t in operands],
+                expr = opdef.expression([exprs[t] for t in operands],
                                       [g.tensors[t].shape for t in operands],
                                       dict(attrs, _cls=[classes.of[t] for t in operands]))
                 yield kind, tuple(operands), attrs, expr
@@ -115,6 +115,7 @@ def _block_shards(ctx: Context, prefix, g: KernelGraph, exprs, classes: DimClass
         if sorted(map(str, got)) == sorted(map(str, ctx.roots)):
             shards.append(Shard(prefix, ()))
     pool = sorted(range(len(g.tensors)))
+    assert lim.max_block_inputs is not None  # a Context's limits are resolved (Limits.for_program)
     for k in range(1, lim.max_block_inputs + 1):
         for inputs in itertools.combinations(pool, k):
             if not must <= set(inputs):

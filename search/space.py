@@ -139,7 +139,7 @@ class Context:
         kept = []
         for name in ops:
             for looped in (True, False):
-                probe = OPS[name].abstract([("var", "a"), ("var", "b")][:OPS[name].arity or 1],
+                probe = OPS[name].expression([("var", "a"), ("var", "b")][:OPS[name].arity or 1],
                                            [(2, 2)] * 2, {"kind": "no_red", "_loop": looped,
                                                           "dim": 0, "scalar": 1.0})
                 top = EGG_FUNCTIONS.get(probe[0])
@@ -157,8 +157,8 @@ class Context:
             return self._prefix_cache[prefix]
         ref = self.reference
         g = KernelGraph()
-        for t in ref.input_ids:
-            g.new_input(ref.tensors[t].shape, ref.tensors[t].dtype, ref.tensors[t].name)
+        for t, shape in zip(ref.input_ids, ref.input_shapes(), strict=True):
+            g.new_input(shape, ref.tensors[t].dtype, ref.tensors[t].name)
         for kind, operands, attrs in prefix:
             g._append(kind, operands, dict(attrs))
         combined = ref.replay()

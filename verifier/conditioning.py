@@ -23,7 +23,7 @@ def well_conditioned(graph: KernelGraph, *, seed: int = 0, tests: int = 2,
     """True when every output of the concrete ``graph`` is finite and at most ``limit`` in
     magnitude on ``tests`` draws of the check's input distribution."""
     rng = np.random.default_rng(seed)
-    shapes = [tuple(graph.tensors[t].shape) for t in graph.input_ids]
+    shapes = graph.input_shapes()
     ar = FloatArith()
     xs = ar.random_inputs(shapes, tests, rng)
     with np.errstate(all="ignore"):

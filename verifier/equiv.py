@@ -60,10 +60,10 @@ def _exp_depth_ok(graph) -> bool:
             outs = [bop.inputs[0] for bop in bg.ops_of("output")]
             tainted.update(t for t, o in zip(op.outputs, outs, strict=True) if o in inside)
             continue
-        src = any(t in tainted for t in op.inputs)
-        if op.kind == "exp" and src:
+        reads_exp = any(t in tainted for t in op.inputs)
+        if op.kind == "exp" and reads_exp:
             return False
-        if src or op.kind == "exp":
+        if reads_exp or op.kind == "exp":
             tainted.update(op.outputs)
     return True
 
@@ -124,12 +124,12 @@ def equivalent(reference: KernelGraph, candidate: KernelGraph, *, tests: int = D
     perm, _ = _match_outputs(ref_out, cand_out, ar, tests)
     lax = _exp_depth_ok(reference) and _exp_depth_ok(candidate)
     if perm is not None:
-        err = max((ar.max_error(ref_out[perm[i]], c) for i, c in enumerate(cand_out)),
-                  default=0.0)
+        worst = max((ar.max_error(ref_out[perm[i]], c) for i, c in enumerate(cand_out)),
+                    default=0.0)
         note = "" if lax or arithmetic != "field" else (
             " (outside the Lax fragment: exp of exp, the false-positive bound does not apply)")
         return verdict(True, f"all {len(cand_out)} output(s) agree on {tests} random tests"
-                       + note, output_map=perm, max_error=err, lax=lax)
+                       + note, output_map=perm, max_error=worst, lax=lax)
     reasons = []
     for i, c in enumerate(cand_out):
         same = [j for j, r in enumerate(ref_out) if r.shape == c.shape]

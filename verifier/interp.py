@@ -10,7 +10,8 @@ and accumulated tiles, and a block graph costs about as much to check as a kerne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from search.ir import BINARY_OPS, UNARY_OPS, BlockGraph, KernelGraph, ShapeError
 from .arith import Arithmetic
 
 
-def _compute(kind: str, attrs: dict, args: list[np.ndarray], ranks: list[int],
+def _compute(kind: str, attrs: Mapping[str, Any], args: list[np.ndarray], ranks: list[int],
              ar: Arithmetic) -> np.ndarray:
     """The meaning of every compute op of the op table, once, in terms of the arithmetic."""
     a = args[0]

@@ -7,9 +7,9 @@ stand on it without importing the other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .dims import Dim, ShapeError, fmt_shape
 from .ops import KERNEL, OPS, op_def
@@ -65,6 +65,9 @@ class Graph:
         self.ops: list[Op] = []
         self.tensors: list[TensorInfo] = []
 
+    if TYPE_CHECKING:  # g.matmul(a, b), g.exp(x), ...: set from the op table below
+        def __getattr__(self, name: str) -> Callable[..., Tensor]: ...
+
     # --- building ------------------------------------------------------------------------
     def apply(self, kind: str, /, *args: Any, name: str | None = None, **attrs: Any) -> Tensor:
         """Append a compute op from the op table; extra positional args fill its attributes."""
@@ -107,6 +110,8 @@ class Graph:
     def _infer(self, kind: str, inputs: Sequence[int], attrs: dict) -> list[TensorInfo]:
         opdef = OPS[kind]
         ins = [self.tensors[i] for i in inputs]
+        if opdef.shape_rule is None:  # input, output, graph_kernel: the level's own _infer
+            raise ShapeError(f"{kind} has no shape rule at the {self.level} level")
         try:
             shape = opdef.shape_rule([t.shape for t in ins], attrs)
             dtype = opdef.dtype_rule([t.dtype for t in ins], attrs)

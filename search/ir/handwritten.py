@@ -74,7 +74,7 @@ def _attention(program: Program, norm: bool, split_batch: bool = True) -> Kernel
         q = bg.new_input(t["Q"], imap=(0, 1), fmap=-1)
         k = bg.new_input(t["K"], imap=(0, -1), fmap=2)
         v = bg.new_input(t["V"], imap=(0, -1), fmap=1)
-        omap = (0, 1)
+        omap: tuple[int, ...] = (0, 1)
     else:
         bg = BlockGraph(("g0",), "F")
         q = bg.new_input(t["Q"], imap=(1,), fmap=-1)

@@ -297,7 +297,7 @@ class _Builder:
         if op == "mul":
             t, c = (a, b) if isinstance(a, Tensor) else (b, a)
             return self.apply(node, "mul_scalar", t, c)
-        if op == "div" and isinstance(a, Tensor):
+        if op == "div" and isinstance(a, Tensor) and not isinstance(b, Tensor):
             if b == 0:
                 raise self.fail(node, "division by the constant 0")
             return self.apply(node, "mul_scalar", a, 1.0 / b)
@@ -318,8 +318,8 @@ class _Builder:
             raise self.fail(node, f"{op} takes {opdef.arity} tensor argument(s) first"
                             + (f", then {', '.join(opdef.attrs)}" if opdef.attrs else ""))
         attrs: list[Any] = [int(a) if float(a).is_integer() and "dim" in opdef.attrs else a
-                            for a in args[len(tensors):]]
-        kw = {}
+                            for a in args[len(tensors):] if not isinstance(a, Tensor)]
+        kw: dict[str, Any] = {}
         for k in node.keywords:
             if k.arg not in opdef.attrs:
                 raise self.fail(node, f"{op} has no argument {k.arg!r}"

@@ -51,6 +51,13 @@ class OpDef:
         if self.dtype_rule is None:
             object.__setattr__(self, "dtype_rule", _same_dtype(self.name))
 
+    def expression(self, operands: Sequence[Expr], shapes: Sequence[Shape], attrs: dict) -> Expr:
+        """The op's abstract expression over its operands' (``abstract``; an op without one,
+        such as ``input``, raises ValueError)."""
+        if self.abstract is None:
+            raise ValueError(f"{self.name} has no abstract expression")
+        return self.abstract(operands, shapes, attrs)
+
 
 def _same_dtype(name: str) -> Callable[[Sequence[str], dict], str]:
     def rule(dtypes: Sequence[str], attrs: dict) -> str:

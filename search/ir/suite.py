@@ -22,7 +22,7 @@ def builtin_program(name: str) -> Program:
     if name not in builtin_names():
         raise ProgramError(name, None, "no built-in program of that name; built-ins: "
                            + ", ".join(builtin_names()) + " (or give a program file path)")
-    text = resources.files("search.ir").joinpath("programs", f"{name}.yaml").read_text()
+    text = resources.files("search.ir").joinpath("programs").joinpath(f"{name}.yaml").read_text()
     return parse_program(text, f"<builtin {name}>")
 
 

@@ -65,7 +65,7 @@ def read_only_engine(url: Any) -> Engine:
                                **({"poolclass": StaticPool} if memory else {}))
 
         @event.listens_for(engine, "connect")
-        def _sqlite(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        def _sqlite(dbapi_connection, _record) -> None:
             cur = dbapi_connection.cursor()
             cur.execute(f"PRAGMA busy_timeout={30000}")
             cur.execute("PRAGMA query_only=ON")
@@ -74,7 +74,7 @@ def read_only_engine(url: Any) -> Engine:
         engine = create_engine(parsed, pool_pre_ping=True)
 
         @event.listens_for(engine, "connect")
-        def _pg(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        def _pg(dbapi_connection, _record) -> None:
             cur = dbapi_connection.cursor()
             cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
             cur.close()
