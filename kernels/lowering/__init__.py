@@ -22,6 +22,7 @@ from ._mapping import (
     divisors,
     is_row_form,
     split_config,
+    triton_default_config,
 )
 from ._plan import (
     Access,
@@ -43,6 +44,6 @@ from ._stitch import plan_shared
 __all__ = [
     "KNOBS", "ROW_OPS", "STREAM_ROW_MAX", "STREAM_ROW_MIN", "Access", "Buffer", "Kernel", "KernelPlan", "Let", "Level", "Loop", "Mapping",
     "Phase", "RowReduce", "Store", "View", "astitch_rule", "blocks_per_wave", "concretize",
-    "default_config", "divisibility_constraints", "divisors", "is_row_form", "lower",
+    "default_config", "triton_default_config", "divisibility_constraints", "divisors", "is_row_form", "lower",
     "plan_shared", "resolve_spec", "split_config",
 ]

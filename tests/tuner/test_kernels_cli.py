@@ -50,6 +50,17 @@ def test_codegen_cuda_prints_global_kernels_and_launches(capsys):
     assert re.search(r"//   gqa_k0<<<\d+, \d+>>>\(in_Q, in_K, in_V, out_\w+, ws, bar\)", out)
 
 
+def test_codegen_triton_prints_tile_programs_with_the_triton_default(capsys):
+    code, out, err = run_main(capsys, "codegen", "gated_mlp", "--target", "triton")
+    assert code == 0, err
+    assert "@triton.jit" in out and "tl.dot(" in out and "def launch(" in out
+    assert "triton=1" in err and "g0=128" in err  # tiles of 32 columns, 128 of them
+    compile(out, "<triton>", "exec")  # the printed module is Python
+    code, _, err = run_main(capsys, "codegen", "ntrans", "--target", "triton", "--config",
+                            "split=2")
+    assert code == 2 and "triton=1 cannot run" in one_line_error(err, "codegen")
+
+
 def test_cuda_launch_list_matches_the_rendered_signatures():
     program = load_program("ntrans")
     plan = lower(handwritten(program), None, "A100", "nt")  # split: workspace + barrier

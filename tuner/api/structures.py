@@ -128,17 +128,19 @@ def resolve_structure(program: Program, choice: str = "best", structures: str | 
 
 def resolve_config(structure: KernelGraph, config: Mapping[str, int] | None,
                    device: str | DeviceSpec) -> dict[str, int]:
-    """The user's config completed from the AStitch default for ``device``.
+    """The user's config completed from the AStitch default for ``device`` (with ``triton=1``:
+    the Triton dialect's default).
 
     The default's mapping knobs were chosen for the default symbols, so they are kept only
     when the user's symbols agree with them."""
-    from kernels import KNOBS, default_config, resolve_spec
+    from kernels import KNOBS, default_config, resolve_spec, triton_default_config
 
     spec = resolve_spec(device)
     given = dict(config or {})
     if not structure.symbols():
         return given
-    default = default_config(structure, spec)
+    rule = triton_default_config if given.get("triton") else default_config
+    default = rule(structure, spec)
     unknown = sorted(set(given) - structure.symbols() - set(KNOBS))
     if unknown:
         raise InputError(f"--config {', '.join(unknown)}: not a symbol of this structure "

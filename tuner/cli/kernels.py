@@ -37,7 +37,10 @@ def _prepare(args: argparse.Namespace, device: str | DeviceSpec
     """(program, structure, config, plan); says on stderr which structure and config."""
     program = load_program(args.program, parse_pairs(args.set, "--set"))
     structure, what = resolve_structure(program, args.structure, args.structures, device)
-    config = resolve_config(structure, parse_config(args.config), device)
+    given = parse_config(args.config)
+    if getattr(args, "target", None) == "triton":
+        given = {**(given or {}), "triton": 1}
+    config = resolve_config(structure, given, device)
     plan = lower_plan(structure, config, device, program.name)  # config errors: exit 2
     print(f"# {what}; config {' '.join(f'{k}={v}' for k, v in config.items()) or '(none)'}",
           file=sys.stderr)
@@ -105,12 +108,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``codegen`` and ``measure`` to the ``tuner`` subcommands."""
-    p = sub.add_parser("codegen", help="print the CUDA or C++ source of a fused structure")
+    p = sub.add_parser("codegen", help="print the CUDA, Triton or C++ source of a fused "
+                                       "structure")
     _common(p)
-    p.add_argument("--target", choices=("cuda", "cpp"), default="cuda",
-                   help="CUDA (default) or C++/OpenMP for the local CPU")
+    p.add_argument("--target", choices=("cuda", "triton", "cpp"), default="cuda",
+                   help="CUDA C (default), Triton (the GPU's tile-program dialect: config "
+                        "triton=1) or C++/OpenMP for the local CPU")
     p.add_argument("--gpu", choices=GPUS, default="H100",
-                   help="GPU whose limits shape the CUDA plan (default %(default)s)")
+                   help="GPU whose limits shape the CUDA / Triton plan (default %(default)s)")
     p.add_argument("--plan", action="store_true", help="also print the plan summary on stderr")
     p.set_defaults(func=cmd_codegen)
 
