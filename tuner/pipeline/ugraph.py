@@ -192,7 +192,7 @@ def _baseline(pool: SlotPool, reference: KernelGraph) -> float | None:
 
 def small_instance_shapes(program: Program) -> dict[str, list[int]]:
     """The input shapes the search verifies ``program``'s structures at (its small
-    instance: every dim capped, see ``search.suite.small_instance``)."""
+    instance: every dim capped, see ``search.ir.suite.small_instance``)."""
     return {name: [int(d) for d in shape]
             for name, shape in small_instance(program).inputs.items()}
 
