@@ -72,3 +72,15 @@ def test_the_dashboard_cannot_stand_on_the_launch():
              "tuner.identity": set(), "tuner.pipeline.run": {"tuner.identity"}}
     assert tool.upward(edges) == ["tuner.dashboard.progress -> tuner.pipeline.run (a lower "
                                   "tuner room imports a higher one)"]
+
+
+def test_other_layers_import_only_faces():
+    """The one private-module rule (CONTRIBUTING.md): across layers, a package's face (or the
+    IR's, or a room of kernels), never a module behind it, whatever its name."""
+    tool = _tool()
+    assert tool.private(tool.graph()) == []
+    edges = {"tuner.x": {"kernels.devices._cuda", "kernels.devices", "search.ir.handwritten"},
+             "cluster.y": {"search.ir.lang"}}
+    assert tool.private(edges) == [
+        "cluster.y -> search.ir.lang (import search.ir's face, not a module behind it)",
+        "tuner.x -> kernels.devices._cuda (import kernels's face, not a module behind it)"]

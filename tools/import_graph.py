@@ -15,6 +15,10 @@ still a circle, and an arrow a reader must follow still points somewhere).  Two 
 
 Prints the package graph (``--modules``: the module graph) as Mermaid or Graphviz DOT and the
 violations; exits 1 when there is one.
+
+A third check is the one private-module rule (CONTRIBUTING.md): across layers an import names a
+face — a package's ``__init__.py`` (``FACES``: the packages, ``search.ir`` and the rooms of
+``kernels``) — never a module behind it, whatever that module's name.
 """
 
 from __future__ import annotations
@@ -162,6 +166,41 @@ def upward(edges: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def faces() -> set[str]:
+    """The modules other layers may import: each package's face, the IR's, kernels' rooms."""
+    rooms = {r for room in KERNEL_ROOMS for r in (room if isinstance(room, tuple) else (room,))}
+    return {*PACKAGES, *SUBLAYERS, *rooms}
+
+
+def _exported(face: str) -> set[str]:
+    """The names in a face's ``__all__`` (a name a face exports may also be a module's name:
+    ``from search.ir import handwritten`` is the face's function)."""
+    path = ROOT.joinpath(*face.split("."), "__init__.py")
+    if not path.is_file():
+        return set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            try:
+                return set(ast.literal_eval(node.value))
+            except ValueError:
+                return set()
+    return set()
+
+
+def private(edges: dict[str, set[str]]) -> list[str]:
+    """Imports across layers that name a module behind a face."""
+    allowed = faces()
+
+    def ok(b: str) -> bool:
+        parent, _, name = b.rpartition(".")
+        return b in allowed or (parent in allowed and name in _exported(parent))
+
+    return [f"{a} -> {b} (import {layer_of(b)}'s face, not a module behind it)"
+            for a, targets in sorted(edges.items()) for b in sorted(targets)
+            if layer_of(a) != layer_of(b) and not ok(b)]
+
+
 def node_of(module: str) -> str:
     """A module's node in the drawn graph: its layer, or its room inside kernels."""
     parts = module.split(".")
@@ -203,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     edges = graph()
     shown = edges if args.modules else collapse(edges)
     print(draw(shown, args.fmt or "mermaid"))
-    problems = [f"circle: {' <-> '.join(c)}" for c in cycles(edges)] + upward(edges)
+    problems = [f"circle: {' <-> '.join(c)}" for c in cycles(edges)] + upward(edges) + \
+        private(edges)
     for p in problems:
         print(p, file=sys.stderr)
     print(f"# {len(edges)} modules, {sum(map(len, edges.values()))} imports, "
