@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from kernels.hardware import DeviceSpec, cache_root, get_spec
+from kernels.hardware import DeviceSpec, get_spec
 from kernels.lowering import KernelPlan
+from kernels.machine import cache_root
 from search.ir import KernelGraph
 
 from ._base import Device, DeviceUnavailable, Execution
