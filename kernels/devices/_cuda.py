@@ -31,10 +31,11 @@ from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution
 from ._check import Expected, random_inputs
-from ._isolate import IsolatedWorker, compare_outputs, run_isolated
+from ._isolate import IsolatedWorker, run_isolated
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, WRONG_RESULT
 from ._storage import STORAGE, from_storage, to_storage
 from ._timing import measure
+from ._worker import compare_outputs
 
 
 @dataclass(frozen=True)

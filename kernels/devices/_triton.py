@@ -31,9 +31,10 @@ from search.ir import KernelGraph
 
 from ._base import Device, DeviceUnavailable, Execution
 from ._check import Expected
-from ._isolate import IsolatedWorker, compare_outputs, run_isolated
+from ._isolate import IsolatedWorker, run_isolated
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, WRONG_RESULT
 from ._storage import from_storage, to_storage
+from ._worker import compare_outputs
 
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 
