@@ -221,10 +221,10 @@ def get_spec(name: str) -> DeviceSpec:
     'NVIDIA H100 PCIe' gets the PCIe row and 'NVIDIA H100 80GB HBM3' the SXM one.
     """
     cpu, cuda = DEVICE_KINDS
-    kind, key, rest = name.partition(":")
-    if name.lower() == cpu or (kind == cpu and key):
+    kind, sep, rest = name.partition(":")
+    if name.lower() == cpu or (kind == cpu and sep):
         return local_cpu_spec()
-    gpu_name = rest.split(":")[0] if kind == cuda and key else name
+    gpu_name = rest.split(":")[0] if kind == cuda and sep else name
     words = set(re.split(r"[\s_-]+", gpu_name.lower()))
     for short in sorted(GPU_SPECS, key=len, reverse=True):
         if set(short.lower().split()) <= words:
