@@ -40,7 +40,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from cluster import LocalExecutor, SlotPool, TrialRequest, search_program  # noqa: E402
 from kernels import ReplayDevice, get_spec  # noqa: E402
-from kernels.hardware import cpu_model  # noqa: E402
+from kernels.machine import cpu_model  # noqa: E402
 from search.ir.suite import load_program  # noqa: E402
 
 STUDIES, TRIALS = 8 * 3, 30  # the suite's studies (programs x structures tuned), trials each

@@ -11,8 +11,9 @@ so a retried task never duplicates a row. See docs/database.md.
 
 Inside, private modules: ``_engine`` (URL → configured engine), ``_models`` (the ORM rows,
 named ``*Row``), ``_records`` (the plain values queries return, errors, canonical keys),
-``_queries`` (reads), ``_store`` (the ``Database`` handle and its writes) and ``_migrate``
-(the packaged Alembic migrations in ``migrations/``, and the schema lock).
+``_queries`` (reads), ``_writes`` (sessions and the idempotent writes), ``_store`` (the
+``Database`` handle, which has both), ``_learning`` (cost models and their training rows) and
+``_migrate`` (the packaged Alembic migrations in ``migrations/``, and the schema lock).
 """
 
 from __future__ import annotations

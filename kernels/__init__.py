@@ -7,8 +7,10 @@
 - ``devices/``: a plan + source → a built, checked and timed kernel (``cpu``, ``cuda``,
   ``replay`` behind one ``Device`` interface).
 
-Beside them: ``hardware`` (the device table: limits, speeds, device keys), ``configspace``
-(what a tuner may set, and roofline estimates) and ``speedup`` (fused vs op by op).
+Beneath them: ``machine`` (this machine: its CPU, its copy bandwidth, whether a GPU is usable),
+``device_names`` (the device-name grammar and device keys) and ``hardware`` (the device table:
+limits, speeds, the roofline).  Above them: ``configspace`` (what a tuner may set, and roofline
+estimates) and ``speedup`` (fused vs op by op).
 
 Names resolve lazily: the isolated measurement worker imports this package on every start, and
 should not pay for the IR and the verifier it does not use.
@@ -36,12 +38,15 @@ _EXPORTS = {
     "LIBRARY": "devices", "TritonInterpreter": "devices",
     # the device table
     "DeviceSpec": "hardware", "GPU_SPECS": "hardware", "get_spec": "hardware",
-    "local_cpu_spec": "hardware", "cpu_simd": "hardware", "cuda_device_spec": "hardware", "device_key": "hardware",
-    "cuda_available": "hardware", "roofline": "hardware", "cache_root": "hardware",
-    "measure_copy_bandwidth": "hardware", "measure_cpu_bandwidth": "hardware",
-    "DEVICE_KINDS": "hardware", "DEVICE_NAME": "hardware", "REPLAY": "hardware",
-    "parse_device_name": "hardware", "device_kind": "hardware", "replay_key": "hardware",
-    "replayed_gpu": "hardware",
+    "local_cpu_spec": "hardware", "cpu_simd": "hardware", "cuda_device_spec": "hardware",
+    "roofline": "hardware",
+    # this machine
+    "cuda_available": "machine", "cache_root": "machine",
+    "measure_copy_bandwidth": "machine", "measure_cpu_bandwidth": "machine",
+    # device names and keys
+    "DEVICE_KINDS": "device_names", "DEVICE_NAME": "device_names", "REPLAY": "device_names",
+    "parse_device_name": "device_names", "device_kind": "device_names",
+    "device_key": "device_names", "replay_key": "device_names", "replayed_gpu": "device_names",
     # tuning helpers
     "ConfigSpace": "configspace", "config_space": "configspace", "estimate": "configspace",
     "rank_structures": "configspace", "legal": "configspace",

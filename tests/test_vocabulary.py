@@ -5,7 +5,7 @@ The facts and their homes:
 - trial statuses (``ok``, ``compile_error``, ..., ``invalid``, ``node_lost``):
   ``kernels/devices/_status.py``;
 - the device-name grammar (``cpu``, ``cuda``, ``cuda:N``, ``replay``; ``DEVICE_KINDS``,
-  ``parse_device_name``, ``device_kind``): ``kernels/hardware.py``;
+  ``parse_device_name``, ``device_kind``): ``kernels/device_names.py``;
 - the database URL default: ``db/_engine.py``; ``MAX_RANK`` and ``GRID_DIMS``:
   ``search/ir/ops.py``; Kernel Tuner's failure markers: ``costmodel/_store.py``.
 
@@ -40,7 +40,7 @@ from kernels import DEVICE_KINDS, MEASUREMENT_STATUSES, REPLAY, TRIAL_STATUSES
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("search", "verifier", "kernels", "db", "costmodel", "cluster")
 STATUS_HOME = "kernels/devices/_status.py"
-DEVICE_HOME = "kernels/hardware.py"
+DEVICE_HOME = "kernels/device_names.py"
 URL_HOME = "db/_engine.py"
 SKIP = ("db/migrations/",)
 

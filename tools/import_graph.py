@@ -9,9 +9,10 @@ still a circle, and an arrow a reader must follow still points somewhere).  Two 
 - circles: no two modules import each other, directly or around a loop;
 - layers: a package imports only the packages below it (``LAYERS``, from the architecture
   doc; the IR, ``search.ir``, is a layer of its own below the search algorithm in
-  ``search``), and inside ``kernels`` the rooms follow hardware < lowering < rendering <
-  devices < the tuning helpers, inside ``tuner`` formatting, samplers < jobfile < identity <
-  api < serving < dashboard < pipeline < cli, so no arrow points up.
+  ``search``), and inside ``kernels`` the rooms follow machine < device_names < hardware <
+  lowering < rendering < devices < the tuning helpers, inside ``tuner`` formatting,
+  samplers < jobfile < identity < api < serving < dashboard < pipeline < cli, so no arrow
+  points up.
 
 Prints the package graph (``--modules``: the module graph) as Mermaid or Graphviz DOT and the
 violations; exits 1 when there is one.
@@ -47,8 +48,8 @@ LAYERS = {
     "tuner": {"search", "search.ir", "verifier", "kernels", "db", "costmodel", "cluster"},
 }
 # the rooms of kernels, bottom first: a room may import the rooms before it
-KERNEL_ROOMS = ("kernels.hardware", "kernels.lowering", "kernels.rendering", "kernels.devices",
-                ("kernels.configspace", "kernels.speedup"))
+KERNEL_ROOMS = ("kernels.machine", "kernels.device_names", "kernels.hardware", "kernels.lowering",
+                "kernels.rendering", "kernels.devices", ("kernels.configspace", "kernels.speedup"))
 # the rooms of tuner's wings, bottom first: the read-only dashboard sits below the launch
 # (``tuner.pipeline``) and the CLI, so it can never stand on them
 TUNER_ROOMS = (("tuner.formatting", "tuner.samplers"), "tuner.jobfile", "tuner.identity",

@@ -14,7 +14,7 @@ import numpy as np
 
 from search.ir import KernelGraph
 
-from .arith import FloatArith
+from .float_arith import FloatArith
 from .interp import run
 
 

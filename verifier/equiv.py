@@ -17,7 +17,9 @@ import numpy as np
 
 from search.ir import KernelGraph, ShapeError, fmt_shape
 
-from .arith import Arithmetic, FieldArith, FloatArith, P, Q
+from .arith import Arithmetic
+from .field_arith import FieldArith, P, Q
+from .float_arith import FloatArith
 from .interp import run
 
 ARITHMETICS: dict[str, type[Arithmetic]] = {"field": FieldArith, "float": FloatArith}

@@ -34,7 +34,7 @@ _EXPORTS = {
     "nvcc_available": "_compile", "find_nvcc": "_compile", "NvccReport": "_compile",
     "KernelResources": "_compile", "normalize_arch": "_compile", "DEFAULT_CPP_FLAGS": "_compile", "cpp_flags": "_compile",
     "IsolatedWorker": "_isolate", "RunResult": "_isolate", "run_isolated": "_isolate",
-    "compare_outputs": "_isolate",
+    "compare_outputs": "_worker",
     "measure": "_timing", "Timing": "_timing", "Clock": "_timing", "HostClock": "_timing",
     "get_device": "_registry",
     "OK": "_status", "COMPILE_ERROR": "_status", "RUNTIME_ERROR": "_status", "TIMEOUT": "_status",

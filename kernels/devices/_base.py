@@ -1,6 +1,6 @@
 """The device interface: build a plan, run it, check it, time it.
 
-A ``Device`` is where kernels run, named by a device key (``kernels.hardware.device_key``).
+A ``Device`` is where kernels run, named by a device key (``kernels.device_names.device_key``).
 Devices that compile kernels (``cpu``, ``cuda``) share one flow, ``Device.check``: render the
 plan in the device's dialect, round random inputs to what the device stores, compute the
 expected outputs from the *program's* reference (``_check``), then ``execute`` — the one step

@@ -20,14 +20,15 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from kernels.hardware import cache_root, cpu_march, device_key, write_json_atomic
+from kernels.device_names import device_key
+from kernels.machine import cache_root, cpu_march, write_json_atomic
 
 DEFAULT_CPP_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 
 def cpp_flags() -> tuple[str, ...]:
     """The flags cpu kernels are built with: ``DEFAULT_CPP_FLAGS`` for this machine's ISA, or
-    for the level ``TUNER_CPU_MARCH`` names (``kernels.hardware.cpu_march``)."""
+    for the level ``TUNER_CPU_MARCH`` names (``kernels.machine.cpu_march``)."""
     march = cpu_march()
     return tuple(f"-march={march}" if f == "-march=native" else f for f in DEFAULT_CPP_FLAGS)
 

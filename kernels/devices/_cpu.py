@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.hardware import DeviceSpec, device_key, local_cpu_spec
+from kernels.device_names import device_key
+from kernels.hardware import DeviceSpec, local_cpu_spec
 from kernels.lowering import KernelPlan
 from search.ir import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run

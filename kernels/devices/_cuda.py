@@ -10,7 +10,7 @@ over CuPy arrays in the program's dtype (cuBLAS for the matmuls), timed in the s
 with the same loop and clock.
 
 Without a GPU (or without CuPy) ``CudaDevice()`` raises ``DeviceUnavailable`` with a
-one-line reason (``kernels.hardware.cuda_available``).  First run on a GPU: an H100, 2026-11-22
+one-line reason (``kernels.machine.cuda_available``).  First run on a GPU: an H100, 2026-11-22
 (docs/devices.md has the table).
 """
 
@@ -22,17 +22,20 @@ from typing import Any
 
 import numpy as np
 
-from kernels.hardware import DeviceSpec, cuda_available, cuda_device_spec, device_key
+from kernels.device_names import device_key
+from kernels.hardware import DeviceSpec, cuda_device_spec
 from kernels.lowering import KernelPlan
+from kernels.machine import cuda_available
 from search.ir import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution
 from ._check import Expected, random_inputs
-from ._isolate import IsolatedWorker, compare_outputs, run_isolated
+from ._isolate import IsolatedWorker, run_isolated
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, WRONG_RESULT
 from ._storage import STORAGE, from_storage, to_storage
 from ._timing import measure
+from ._worker import compare_outputs
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.hardware import device_kind
+from kernels.device_names import device_kind
 from search.ir import KernelGraph, format_graph
 from verifier import FloatArith, run
 

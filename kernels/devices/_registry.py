@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels.hardware import parse_device_name
+from kernels.device_names import parse_device_name
 
 from ._base import Device, DeviceUnavailable
 from ._cpu import CpuDevice

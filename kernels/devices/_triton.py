@@ -24,15 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from kernels.hardware import DeviceSpec, cache_root, get_spec
+from kernels.hardware import DeviceSpec, get_spec
 from kernels.lowering import KernelPlan
+from kernels.machine import cache_root
 from search.ir import KernelGraph
 
 from ._base import Device, DeviceUnavailable, Execution
 from ._check import Expected
-from ._isolate import IsolatedWorker, compare_outputs, run_isolated
+from ._isolate import IsolatedWorker, run_isolated
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, WRONG_RESULT
 from ._storage import from_storage, to_storage
+from ._worker import compare_outputs
 
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 

@@ -22,14 +22,15 @@ from kernels import (
     cuda_available,
     device_key,
     get_spec,
+    hardware,
     local_cpu_spec,
+    machine,
     measure,
     nvcc_available,
     nvcc_check,
     roofline,
     run_isolated,
 )
-from kernels import hardware as devices
 from kernels.devices import normalize_arch
 
 N = 1 << 16
@@ -296,14 +297,14 @@ def test_cpu_device_key_names_model_and_cores():
 def test_local_cpu_bandwidth_measured_once_and_cached(monkeypatch):
     spec = local_cpu_spec(size_mb=32)
     assert spec.kind == "cpu" and 1.0 < spec.mem_bandwidth_gbs < 2000
-    table = json.loads((devices.cache_root() / "cpu_bandwidth.json").read_text())
+    table = json.loads((machine.cache_root() / "cpu_bandwidth.json").read_text())
     assert table[device_key("cpu")]["copy_gbs"] == spec.mem_bandwidth_gbs
-    devices._local_cpu_spec_cached.cache_clear()  # next call must come from the disk cache
+    hardware._local_cpu_spec_cached.cache_clear()  # next call must come from the disk cache
 
     def measure_again(*args):
         raise AssertionError("the bandwidth was measured again instead of read from the cache")
 
-    monkeypatch.setattr(devices, "measure_copy_bandwidth", measure_again)
+    monkeypatch.setattr(machine, "measure_copy_bandwidth", measure_again)
     again = local_cpu_spec(size_mb=32)
     assert again.mem_bandwidth_gbs == spec.mem_bandwidth_gbs
 

@@ -1,4 +1,5 @@
-"""Property checks of the float and finite-field arithmetics in verifier.arith."""
+"""Property checks of the float and finite-field arithmetics (verifier/float_arith.py,
+verifier/field_arith.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from verifier import FLOAT_MATMUL_MAX_K, FieldArith, FloatArith, G, P, Q, arith
+from verifier import FLOAT_MATMUL_MAX_K, FieldArith, FloatArith, G, P, Q, build_tables, field_arith
 
 F = FieldArith()
 R = FloatArith()
@@ -66,7 +67,7 @@ def test_float_matmul_threshold_is_tight():
 
 
 def test_tables_complete_and_fast():
-    inv, sqrt = arith._tables()
+    inv, sqrt = field_arith._tables()
     for off, m in ((0, P), (P, Q)):
         x = np.arange(m, dtype=np.int64)
         iv = inv[off : off + m].astype(np.int64)
@@ -77,11 +78,11 @@ def test_tables_complete_and_fast():
         # x**((m+1)/2) = x * legendre(x): the square for residues, minus it for non-residues.
         assert np.all((sq[1:4000] == x[1:4000]) == (legendre == 1))
         assert np.all((sq == x) | (sq == (m - x) % m))
-    assert np.array_equal(arith._exp_table()[:5], [1, 4, 16, 64, 256])
+    assert np.array_equal(field_arith._exp_table()[:5], [1, 4, 16, 64, 256])
     best = float("inf")
     for _ in range(3):
         t = time.perf_counter()
-        arith._inv_sqrt_tables(P), arith._inv_sqrt_tables(Q), arith._powers(G, P, Q)
+        field_arith._inv_sqrt_tables(P), field_arith._inv_sqrt_tables(Q), field_arith._powers(G, P, Q)
         best = min(best, time.perf_counter() - t)
     assert best < 0.3, f"table build took {best:.3f} s"
 
@@ -294,7 +295,7 @@ def test_tests_equal_flags_one_flipped_element(ar):
 def test_small_graph_is_fast():
     rng = np.random.default_rng(13)
     x, w, y = F.random_inputs([(16, 16)] * 3, 8, rng)
-    arith.build_tables()
+    build_tables()
 
     def graph():
         a = F.exp(F.matmul(x, w))

@@ -1,0 +1,154 @@
+"""The worker side of fault isolation: the process that runs kernels and may die instead of us.
+
+``worker_main`` serves jobs from the parent (``_isolate.IsolatedWorker``) over a pipe until it
+closes; a job's arrays arrive and leave as .npy files in the job's directory.  Calling
+convention (see docs/devices.md): ``extern "C" void kernel(float** inputs, float** outputs)``,
+every array float32 and C-contiguous, placed where numpy places a user's arrays
+(``USER_OFFSET``), outputs pre-filled with NaN so an element the kernel forgets to write shows up
+as a wrong result.  A job may instead name a Python function (``"call": "module:function"``) that
+the worker runs on the job's arrays: the CUDA device uses this, so an illegal address on the GPU
+kills a worker, not the tuner.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._status import OK, RUNTIME_ERROR, WRONG_RESULT
+from ._timing import measure
+
+# Where a user's array starts: numpy's data of every array large enough for glibc to mmap sits
+# 16 bytes past a page (the chunk header), so a full-width vector load of each row straddles two
+# cache lines.  Kernels are timed there, not on 64-byte aligned buffers: gated_mlp's best as
+# timed aligned (6.3 ms) ran 9.6 ms through tuner.load on numpy arrays, and the tuner had
+# preferred it to a config that ran 7.7 there (AMD EPYC, AVX-512).
+USER_OFFSET = 16
+
+
+def _aligned_empty(shape: tuple[int, ...], align: int = 64,
+                   offset: int = USER_OFFSET) -> np.ndarray:
+    """float32 array whose data starts ``offset`` bytes past an ``align``-byte boundary: by
+    default where numpy puts a large array's data, so timings are what users get."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * 4
+    buf = np.empty(nbytes + align + offset, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align + offset
+    return buf[off:off + nbytes].view(np.float32).reshape(shape)
+
+
+def compare_outputs(outs: list[np.ndarray], expected: list[np.ndarray], rtol: float,
+             atol: float) -> tuple[list[float], str]:
+    """Max abs error per output and a message naming the first output out of tolerance."""
+    errs: list[float] = []
+    msg = ""
+    for i, (o, e) in enumerate(zip(outs, expected, strict=True)):
+        diff = np.abs(o.astype(np.float64) - e)
+        both_nan = np.isnan(o) & np.isnan(e)
+        bad = ~(diff <= atol + rtol * np.abs(e)) & ~both_nan
+        errs.append(float(np.max(np.where(both_nan, 0.0, np.nan_to_num(diff, nan=np.inf)),
+                                 initial=0.0)))
+        if bad.any() and not msg:
+            idx = np.unravel_index(int(np.argmax(bad)), o.shape)
+            msg = (f"output {i}: {int(bad.sum())} of {o.size} elements out of tolerance "
+                   f"(rtol={rtol}, atol={atol}); max abs error {errs[-1]:.3g}; first at index "
+                   f"{tuple(int(j) for j in idx)}: got {float(o[idx])!r}, "
+                   f"expected {float(e[idx])!r}")
+    return errs, msg
+
+
+def _run_call(msg: dict) -> dict:
+    """A ``call`` job: ``function(inputs, expected, args) -> reply`` with ``reply["outputs"]``
+    (arrays, saved for the parent) and the usual status, message and payload keys."""
+    d = Path(msg["dir"])
+    module, _, name = msg["call"].partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    inputs = [np.load(d / f"in{i}.npy") for i in range(msg["n_inputs"])]
+    expected = [np.load(d / f"exp{i}.npy") for i in range(msg["n_expected"])]
+    args = {**msg["args"], "rtol": msg["rtol"], "atol": msg["atol"], "timing": msg["timing"],
+            "output_shapes": msg["output_shapes"]}
+    reply = dict(fn(inputs, expected, args))
+    outputs = reply.pop("outputs", [])
+    for i, o in enumerate(outputs):
+        np.save(d / f"out{i}.npy", np.asarray(o))
+    reply["n_outputs"] = len(outputs)
+    reply.setdefault("message", "")
+    return reply
+
+
+def _run_job(msg: dict, libs: dict) -> dict:
+    import ctypes
+
+    if msg.get("call"):
+        return _run_call(msg)
+    d = Path(msg["dir"])
+    lib = libs.get(msg["library"])
+    if lib is None:
+        lib = libs[msg["library"]] = ctypes.CDLL(msg["library"])
+    try:
+        fn = getattr(lib, msg["function"])
+    except AttributeError:
+        return {"status": RUNTIME_ERROR, "message": (
+            f"function {msg['function']!r} is not exported by {msg['library']}; declare it "
+            f"extern \"C\" void {msg['function']}(float** inputs, float** outputs)")}
+    fptr = ctypes.POINTER(ctypes.c_float)
+    fn.argtypes = [ctypes.POINTER(fptr), ctypes.POINTER(fptr)]
+    fn.restype = None
+    inputs = []
+    for i in range(msg["n_inputs"]):
+        src = np.load(d / f"in{i}.npy", mmap_mode="r")  # one copy: file pages -> placed
+        a = _aligned_empty(src.shape)
+        a[...] = src
+        inputs.append(a)
+    outputs = [_aligned_empty(tuple(s)) for s in msg["output_shapes"]]
+    for o in outputs:
+        o.fill(msg["output_fill"])
+    in_ptrs = (fptr * max(1, len(inputs)))(*[a.ctypes.data_as(fptr) for a in inputs])
+    out_ptrs = (fptr * max(1, len(outputs)))(*[a.ctypes.data_as(fptr) for a in outputs])
+
+    def call() -> None:
+        fn(in_ptrs, out_ptrs)
+
+    t0 = time.perf_counter()
+    call()
+    first_s = time.perf_counter() - t0
+    for i, o in enumerate(outputs):
+        np.save(d / f"out{i}.npy", o)
+    reply: dict = {"status": OK, "message": "", "first_call_s": first_s}
+    if msg["n_expected"]:
+        expected = [np.load(d / f"exp{i}.npy", mmap_mode="r")
+                    for i in range(msg["n_expected"])]
+        errs, bad = compare_outputs(outputs, expected, msg["rtol"], msg["atol"])
+        reply["max_abs_err"] = errs
+        if bad:
+            reply.update(status=WRONG_RESULT, message=bad)
+            return reply
+    if msg["timing"] is not None:
+        reply["timing"] = measure(call, **msg["timing"]).as_dict()
+    return reply
+
+
+def worker_main(conn: Any, log_path: str) -> None:
+    """Serve jobs until the pipe closes. Output of the kernel (and crash reports) go to a log."""
+    import faulthandler
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    faulthandler.enable()  # a SIGSEGV leaves a Python-side trace in the log
+    libs: dict = {}
+    conn.send({"ready": os.getpid()})
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = _run_job(msg, libs)
+        except Exception as e:  # ctypes load errors, unreadable files, bad shapes...
+            reply = {"status": RUNTIME_ERROR, "message": f"{type(e).__name__}: {e}"}
+        conn.send(reply)
