@@ -442,10 +442,9 @@ def test_measure_covers_multi_kernel_plans(worker):
 def test_every_elementwise_op_of_the_table_has_a_rendering():
     from kernels.lowering import ROW_OPS
     from kernels.rendering import BINARY, UNARY
-    from search import ELEMENTWISE_OPS, ROW_REDUCTIONS
-
     from kernels.rendering._triton import BINARY as TRITON_BINARY
     from kernels.rendering._triton import UNARY as TRITON_UNARY
+    from search import ELEMENTWISE_OPS, ROW_REDUCTIONS
 
     assert ELEMENTWISE_OPS <= set(UNARY) | set(BINARY) | {"mul_scalar"}
     assert ELEMENTWISE_OPS <= set(TRITON_UNARY) | set(TRITON_BINARY) | {"mul_scalar"}
