@@ -164,7 +164,8 @@ class MeasureSlot:
 
     def baseline(self, request: TrialRequest) -> TrialResult:
         """Op-by-op time of the reference on this device (numpy on a cpu, CuPy on a GPU),
-        timed in the isolated worker: this process's numpy may have loaded before ``env``."""
+        timed in the isolated worker: this process's numpy may have loaded before ``env``.
+        The result names this slot's node, as a trial's does."""
         seconds = self.device.time_baseline(
             from_obj(request.reference), seed=request.seed, timing=request.timing,
             worker=self.worker,
@@ -172,7 +173,7 @@ class MeasureSlot:
         return TrialResult(OK if seconds is not None else RUNTIME_ERROR, request.tag,
                            "" if seconds is not None else
                            f"the op-by-op baseline could not be timed on {self.device.key}",
-                           baseline_s=seconds)
+                           host=self.node, baseline_s=seconds)
 
     def close(self) -> None:
         self.worker.close()
