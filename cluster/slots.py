@@ -103,8 +103,11 @@ class MeasurementPool(Protocol):
 
     ``key``: the device key results are filed under; ``spec``: its ``kernels.DeviceSpec``;
     ``idle``: how many requests it can take now.  ``submit`` a request (only when ``idle``);
-    ``next_done`` blocks for the next finished one's result (None when nothing is in flight);
-    ``close`` releases the slots."""
+    ``next_done`` blocks for the next finished one's result (None when nothing is in flight):
+    each request comes back once, with its ``tag`` and the node that ran it (``host``), and
+    a trial that fails or does not lower is a result with its status, never an exception;
+    ``close`` releases the slots and drops what is in flight (again: nothing to do).
+    ``tests/cluster/test_pool_contract.py`` holds every pool to this."""
 
     key: str
     spec: DeviceSpec
