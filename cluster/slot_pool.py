@@ -235,6 +235,11 @@ class SlotPool:
         return all(avail.get(k, 0) >= v for k, v in need.items() if v)
 
     def close(self) -> None:
+        """Stop every slot and drop what is still in flight (``next_done`` then answers None;
+        a dead slot is not replaced after close).  Calling it again does nothing."""
+        self.inflight.clear()
+        self.pending.clear()
+        self.tries.clear()
         for slot in self.slots:
             try:
                 self.ray.get(slot.close.remote(), timeout=10)

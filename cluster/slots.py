@@ -103,8 +103,11 @@ class MeasurementPool(Protocol):
 
     ``key``: the device key results are filed under; ``spec``: its ``kernels.DeviceSpec``;
     ``idle``: how many requests it can take now.  ``submit`` a request (only when ``idle``);
-    ``next_done`` blocks for the next finished one's result (None when nothing is in flight);
-    ``close`` releases the slots."""
+    ``next_done`` blocks for the next finished one's result (None when nothing is in flight):
+    each request comes back once, with its ``tag`` and the node that ran it (``host``), and
+    a trial that fails or does not lower is a result with its status, never an exception;
+    ``close`` releases the slots and drops what is in flight (again: nothing to do).
+    ``tests/cluster/test_pool_contract.py`` holds every pool to this."""
 
     key: str
     spec: DeviceSpec
@@ -164,7 +167,8 @@ class MeasureSlot:
 
     def baseline(self, request: TrialRequest) -> TrialResult:
         """Op-by-op time of the reference on this device (numpy on a cpu, CuPy on a GPU),
-        timed in the isolated worker: this process's numpy may have loaded before ``env``."""
+        timed in the isolated worker: this process's numpy may have loaded before ``env``.
+        The result names this slot's node, as a trial's does."""
         seconds = self.device.time_baseline(
             from_obj(request.reference), seed=request.seed, timing=request.timing,
             worker=self.worker,
@@ -172,7 +176,7 @@ class MeasureSlot:
         return TrialResult(OK if seconds is not None else RUNTIME_ERROR, request.tag,
                            "" if seconds is not None else
                            f"the op-by-op baseline could not be timed on {self.device.key}",
-                           baseline_s=seconds)
+                           host=self.node, baseline_s=seconds)
 
     def close(self) -> None:
         self.worker.close()
