@@ -13,9 +13,11 @@ import re
 
 from kernels.machine import cpu_cores, cpu_march, cpu_model, cuda_available
 
-DEVICE_KINDS = ("cpu", "cuda")  # the kinds of a machine's devices (get_device's)
+CPU, CUDA = "cpu", "cuda"
+DEVICE_KINDS = (CPU, CUDA)  # the kinds of a machine's devices (get_device's)
 REPLAY = "replay"
-DEVICE_NAME = re.compile(rf"{DEVICE_KINDS[0]}|{REPLAY}|{DEVICE_KINDS[1]}(?::(\d+))?")
+# one alternative per kind: a new kind adds its own (and its branch in device_key)
+DEVICE_NAME = re.compile(rf"{CPU}|{REPLAY}|{CUDA}(?::(\d+))?")
 
 
 def parse_device_name(text: str) -> tuple[str, int | None]:

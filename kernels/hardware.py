@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
-from kernels.device_names import DEVICE_KINDS
+from kernels.device_names import CPU, CUDA
 from kernels.machine import (
     KiB,
     cache_root,
@@ -220,7 +220,7 @@ def get_spec(name: str) -> DeviceSpec:
     A CUDA name matches the most specific row whose words all appear in it, so
     'NVIDIA H100 PCIe' gets the PCIe row and 'NVIDIA H100 80GB HBM3' the SXM one.
     """
-    cpu, cuda = DEVICE_KINDS
+    cpu, cuda = CPU, CUDA
     kind, sep, rest = name.partition(":")
     if name.lower() == cpu or (kind == cpu and sep):
         return local_cpu_spec()

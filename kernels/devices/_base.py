@@ -68,7 +68,7 @@ class Execution:
 class Device(ABC):
     """A place kernels are built, checked and timed (see the module docstring)."""
 
-    kind: ClassVar[str]  # "cpu" | "cuda" | "replay"
+    kind: ClassVar[str]  # "cpu" | "cuda" | "replay" | "triton-interpret"
     dialect: ClassVar[str | None] = None  # the renderer's dialect (None: builds nothing)
 
     @property
