@@ -84,3 +84,19 @@ def test_other_layers_import_only_faces():
     assert tool.private(edges) == [
         "cluster.y -> search.ir.lang (import search.ir's face, not a module behind it)",
         "tuner.x -> kernels.devices._cuda (import kernels's face, not a module behind it)"]
+
+
+def test_db_reads_only_the_trial_status_names_from_kernels():
+    """db's one arrow out (docs/architecture.md): the status vocabulary, nothing else."""
+    import ast
+
+    from kernels.devices import _status
+
+    allowed = set(_status.__all__)
+    for path in sorted((ROOT / "db").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "kernels":
+                names = {a.name for a in node.names}
+                assert node.module == "kernels" and names <= allowed, (path, names - allowed)
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "kernels" for a in node.names), path
