@@ -1,4 +1,5 @@
-"""One contract for every device behind ``kernels.Device``: cpu, replay and cuda.
+"""One contract for every device behind ``kernels.Device``: cpu, replay, cuda and the Triton
+interpreter.
 
 - a device that cannot run here says why in one line (``DeviceUnavailable``);
 - ``run_trial`` answers with the same fields on every device: a status from ``STATUSES``, the
@@ -181,3 +182,29 @@ def test_cuda_here_is_either_usable_or_says_why(softmax):
     with pytest.raises(DeviceUnavailable) as err:
         get_device("cuda")
     assert reason in str(err.value) and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------- the Triton interpreter
+
+
+def test_the_triton_interpreter_keeps_the_trial_contract(softmax):
+    """The Triton dialect's device on this CPU: the same run_trial fields, a checked kernel
+    reported as not timed (the interpreter's speed says nothing of a GPU's), an illegal config
+    a status, no baseline, and a one-line why where Triton or torch is missing."""
+    try:
+        from kernels import TritonInterpreter
+
+        device = TritonInterpreter("H100")
+    except DeviceUnavailable as err:
+        assert "\n" not in str(err) and str(err)
+        return
+    reference, structure, config = softmax
+    assert device.kind == "triton-interpret" and device.dialect == "triton"
+    assert device.key == "triton-interpret:H100" and device.spec.name == "H100"
+    res = device.run_trial(structure, reference, {**config, "split": 1})
+    assert TRIAL_FIELDS <= set(res) and res["status"] in TRIAL_STATUSES
+    assert res["status"] == "runtime_error" and "not timed" in res["message"]
+    assert "@triton.jit" in res["source"] and res["config"]["triton"] == 1
+    bad = device.run_trial(structure, reference, {**config, "split": 2})  # rows split: refused
+    assert bad["status"] == INVALID and "triton=1 cannot run" in bad["message"]
+    assert device.time_baseline(reference) is None
