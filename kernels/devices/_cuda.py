@@ -32,10 +32,10 @@ from verifier import FloatArith, run
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution
 from ._check import Expected, random_inputs
 from ._isolate import IsolatedWorker, run_isolated
-from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, WRONG_RESULT
+from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR
 from ._storage import STORAGE, from_storage, to_storage
 from ._timing import measure
-from ._worker import compare_outputs
+from ._worker import checked
 
 
 @dataclass(frozen=True)
@@ -278,14 +278,9 @@ def worker_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dict)
     except _errors(cp) as e:
         return {"status": RUNTIME_ERROR, "message": f"kernel launch failed: {e}"}
     host = [from_storage(cp.asnumpy(o), b.dtype) for o, b in zip(outs, plan.outputs, strict=True)]
-    reply: dict = {"status": OK, "message": "", "outputs": host}
-    if expected:
-        errs, bad = compare_outputs(host, expected, args["rtol"], args["atol"])
-        reply["max_abs_err"] = errs
-        if bad:
-            reply.update(status=WRONG_RESULT, message=bad)
-            return reply
-    if args.get("timing") is None:
+    reply = checked(host, expected, args.get("rtol", 0.0), args.get("atol", 0.0),
+                    {"outputs": host})
+    if reply["status"] != OK or args.get("timing") is None:
         return reply
     try:
         clock = EventClock(cp)

@@ -32,9 +32,9 @@ from search.ir import KernelGraph
 from ._base import Device, DeviceUnavailable, Execution
 from ._check import Expected
 from ._isolate import IsolatedWorker, run_isolated
-from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, WRONG_RESULT
+from ._status import COMPILE_ERROR, RUNTIME_ERROR
 from ._storage import from_storage, to_storage
-from ._worker import compare_outputs
+from ._worker import checked
 
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 
@@ -173,13 +173,8 @@ def interpret_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: di
     except Exception as err:  # noqa: BLE001 - an interpreted kernel raises what it hits
         return {"status": RUNTIME_ERROR, "message": f"{type(err).__name__}: {err}"[:4000]}
     host = [o.to(torch.float32).numpy() for o in outs]
-    reply: dict = {"status": OK, "message": "", "outputs": host}
-    if expected:
-        errs, bad = compare_outputs(host, expected, args["rtol"], args["atol"])
-        reply["max_abs_err"] = errs
-        if bad:
-            reply.update(status=WRONG_RESULT, message=bad)
-    return reply
+    return checked(host, expected, args.get("rtol", 0.0), args.get("atol", 0.0),
+                   {"outputs": host})
 
 
 class TritonInterpreter(Device):

@@ -61,6 +61,19 @@ def compare_outputs(outs: list[np.ndarray], expected: list[np.ndarray], rtol: fl
     return errs, msg
 
 
+def checked(outputs: list[np.ndarray], expected: list[np.ndarray] | None, rtol: float,
+            atol: float, reply: dict | None = None) -> dict:
+    """A worker's reply after one run: ``ok`` with the outputs' errors, or ``wrong_result``
+    naming the first output out of tolerance (no ``expected``: just ``ok``)."""
+    reply = {"status": OK, "message": "", **(reply or {})}
+    if expected:
+        errs, bad = compare_outputs(outputs, expected, rtol, atol)
+        reply["max_abs_err"] = errs
+        if bad:
+            reply.update(status=WRONG_RESULT, message=bad)
+    return reply
+
+
 def _run_call(msg: dict) -> dict:
     """A ``call`` job: ``function(inputs, expected, args) -> reply`` with ``reply["outputs"]``
     (arrays, saved for the parent) and the usual status, message and payload keys."""
@@ -118,15 +131,10 @@ def _run_job(msg: dict, libs: dict) -> dict:
     first_s = time.perf_counter() - t0
     for i, o in enumerate(outputs):
         np.save(d / f"out{i}.npy", o)
-    reply: dict = {"status": OK, "message": "", "first_call_s": first_s}
-    if msg["n_expected"]:
-        expected = [np.load(d / f"exp{i}.npy", mmap_mode="r")
-                    for i in range(msg["n_expected"])]
-        errs, bad = compare_outputs(outputs, expected, msg["rtol"], msg["atol"])
-        reply["max_abs_err"] = errs
-        if bad:
-            reply.update(status=WRONG_RESULT, message=bad)
-            return reply
+    expected = [np.load(d / f"exp{i}.npy", mmap_mode="r") for i in range(msg["n_expected"])]
+    reply = checked(outputs, expected, msg["rtol"], msg["atol"], {"first_call_s": first_s})
+    if reply["status"] != OK:
+        return reply
     if msg["timing"] is not None:
         reply["timing"] = measure(call, **msg["timing"]).as_dict()
     return reply

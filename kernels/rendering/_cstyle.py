@@ -142,8 +142,7 @@ class CStyle:
     def _view_decl(self, v: View) -> str:
         k, plan = self._k, self._plan
         b = self.buffer(k, plan, v.buffer)
-        terms = [f"b{g} * {s}" for g, s in enumerate(v.block) if s] + (
-            [f"it * {v.iter}"] if v.iter else [])
+        terms = view_terms(v)
         if b.level is Level.REGIONAL:
             base = f"smem + {b.offset // 4}"
         elif b.role in ("input", "output"):
@@ -383,6 +382,12 @@ class CStyle:
                 if d < len(a.rows) and a.rows[d]:
                     return True
         return False
+
+
+def view_terms(v: View) -> list[str]:
+    """A view's offset from its buffer: per block coordinate and per for-loop iteration."""
+    return [f"b{g} * {s}" for g, s in enumerate(v.block) if s] + (
+        [f"it * {v.iter}"] if v.iter else [])
 
 
 def row_groups(loops: list[Loop]) -> list[list[Loop]]:

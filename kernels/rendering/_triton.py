@@ -24,6 +24,7 @@ import math
 
 from kernels.lowering import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Store
 
+from ._cstyle import view_terms
 from ._triton_tiles import (
     TileMath,
     TritonUnsupported,
@@ -130,8 +131,7 @@ class TritonDialect(TileMath):
     def _view_decl(self, name: str) -> str:
         v = self._views[name]
         b = self._buffer(v.buffer)
-        terms = [f"b{g} * {s}" for g, s in enumerate(v.block) if s] + (
-            [f"it * {v.iter}"] if v.iter else [])
+        terms = view_terms(v)
         if b.role in ("input", "output"):
             base = b.name
         elif b.role == "tensor":
