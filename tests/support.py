@@ -74,6 +74,16 @@ def mha_structure(over: str, heads: int = 4, rows: int = 8, dim: int = 16,
         {"op": "output", "in": [3]}]}
 
 
+def shared_cache(space: str, gpu: str) -> Path:
+    """A real Kernel Tuner cache from the project's shared data (``shared/`` beside the
+    checkout, as CI and the development machines have it); may not exist: skip then."""
+    for root in (REPO.parent / "shared", Path("/work/shared")):
+        path = root / "data" / "kernel_tuner_caches" / space / f"{gpu}.json.gz"
+        if path.exists():
+            return path
+    return REPO.parent / "shared" / "data" / "kernel_tuner_caches" / space / f"{gpu}.json.gz"
+
+
 def kernel_tuner_cache(directory: Path, name: str = "A100",
                        times: Callable[[int, int], float] | None = None,
                        device: str = "NVIDIA A100-PCIE-40GB") -> str:

@@ -19,6 +19,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
+from support import shared_cache  # noqa: E402
 
 import db  # noqa: E402
 from cluster import (  # noqa: E402
@@ -36,11 +37,7 @@ from kernels import ReplayDevice, device_key  # noqa: E402
 from search import handwritten, to_obj  # noqa: E402
 from search.ir.suite import load_program  # noqa: E402
 
-CACHES = Path("/work/shared/data/kernel_tuner_caches")
-CONV = CACHES / "convolution" / "A100.json.gz"
-if not CONV.exists():  # the shared data may live beside the checkout
-    CONV = Path(__file__).resolve().parents[3] / "shared" / "data" / \
-        "kernel_tuner_caches" / "convolution" / "A100.json.gz"
+CONV = shared_cache("convolution", "A100")
 pytestmark = pytest.mark.skipif(not CONV.exists(), reason=f"no Kernel Tuner cache at {CONV}")
 
 SEARCHED = load_program("rmsnorm_matmul", {"X": "16x256", "W": "256x256"})  # quickstart's

@@ -29,10 +29,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support import shared_cache
 
 import db
 from cluster import (
@@ -62,11 +62,7 @@ from kernels import (
 from search import handwritten, load_program, to_obj
 from tuner.pipeline.recorded import replay_spec, replay_table
 
-CACHES = Path("/work/shared/data/kernel_tuner_caches")
-CONV = CACHES / "convolution" / "A100.json.gz"
-if not CONV.exists():  # the shared data may live beside the checkout
-    CONV = Path(__file__).resolve().parents[3] / "shared" / "data" / \
-        "kernel_tuner_caches" / "convolution" / "A100.json.gz"
+CONV = shared_cache("convolution", "A100")
 pytestmark = pytest.mark.skipif(not CONV.exists(), reason=f"no Kernel Tuner cache at {CONV}")
 
 VOCABULARY = set(TRIAL_STATUSES) | set(MEASUREMENT_STATUSES)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import shared_cache
 
 import db
 from costmodel import read_kernel_tuner
@@ -28,11 +29,8 @@ from tuner.identity import space_identity
 from tuner.jobfile import JobError, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHES = Path("/work/shared/data/kernel_tuner_caches")
-if not CACHES.exists():
-    CACHES = ROOT.parent / "shared" / "data" / "kernel_tuner_caches"
-CONV = CACHES / "convolution" / "A100.json.gz"
-DEDISP = CACHES / "dedispersion" / "A4000.json.gz"
+CONV = shared_cache("convolution", "A100")
+DEDISP = shared_cache("dedispersion", "A4000")
 needs_caches = pytest.mark.skipif(not CONV.exists(), reason=f"no Kernel Tuner cache at {CONV}")
 TUNER = [sys.executable, "-m", "tuner.cli"]
 
