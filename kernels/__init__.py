@@ -21,7 +21,7 @@ from importlib import import_module
 _EXPORTS = {
     # lowering
     "lower": "lowering", "concretize": "lowering", "KernelPlan": "lowering", "Level": "lowering",
-    "default_config": "lowering", "triton_default_config": "lowering", "resolve_spec": "lowering", "astitch_rule": "lowering", "KNOBS": "lowering",
+    "default_config": "lowering", "triton_default_config": "lowering", "resolve_spec": "lowering", "astitch_rule": "lowering", "KNOBS": "lowering", "ZERO_OK": "lowering",
     # rendering
     "render": "rendering",
     # devices

@@ -15,6 +15,7 @@ from ._lower import concretize, lower, resolve_spec
 from ._mapping import (
     KNOBS,
     ROW_OPS,
+    ZERO_OK,
     astitch_rule,
     blocks_per_wave,
     default_config,
@@ -42,6 +43,7 @@ from ._schedule import STREAM_ROW_MAX, STREAM_ROW_MIN
 from ._stitch import plan_shared
 
 __all__ = [
+    "ZERO_OK",
     "KNOBS", "ROW_OPS", "STREAM_ROW_MAX", "STREAM_ROW_MIN", "Access", "Buffer", "Kernel", "KernelPlan", "Let", "Level", "Loop", "Mapping",
     "Phase", "RowReduce", "Store", "View", "astitch_rule", "blocks_per_wave", "concretize",
     "default_config", "triton_default_config", "divisibility_constraints", "divisors", "is_row_form", "lower",

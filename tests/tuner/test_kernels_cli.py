@@ -59,6 +59,12 @@ def test_codegen_triton_prints_tile_programs_with_the_triton_default(capsys):
     code, _, err = run_main(capsys, "codegen", "ntrans", "--target", "triton", "--config",
                             "split=2")
     assert code == 2 and "triton=1 cannot run" in one_line_error(err, "codegen")
+    # 0 is a value of the knobs where it means off (it was refused as "not positive")
+    code, out, err = run_main(capsys, "codegen", "gated_mlp", "--config", "triton=0",
+                              "--config", "smem_kb=0")
+    assert code == 0 and "__global__" in out and "@triton.jit" not in out, err
+    code, _, err = run_main(capsys, "codegen", "gated_mlp", "--config", "g0=0")
+    assert code == 2 and "g0=0" in one_line_error(err, "codegen")
 
 
 def test_cuda_launch_list_matches_the_rendered_signatures():

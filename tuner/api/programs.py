@@ -46,12 +46,17 @@ def parse_pairs(items: list[str] | None, flag: str = "--set") -> dict[str, str]:
 
 
 def parse_config(items: list[str] | None) -> dict[str, int]:
-    """``--config K=V`` values: each a positive integer (a symbol or a lowering knob)."""
+    """``--config K=V`` values: each a positive integer (a symbol or a lowering knob), or 0
+    for the knobs where 0 means off (``ZERO_OK``: smem_kb, tile_rows, stream, triton)."""
+    from kernels import ZERO_OK
+
     config = {}
     for key, value in parse_pairs(items, "--config").items():
-        if not value.isdigit() or int(value) < 1:
+        low = 0 if key in ZERO_OK else 1
+        if not value.isdigit() or int(value) < low:
             raise InputError(f"--config {key}={value}: a config value is a positive integer "
-                             "(a symbol such as g0=64 or a knob such as block=256)")
+                             "(a symbol such as g0=64 or a knob such as block=256; "
+                             f"{', '.join(ZERO_OK)} may be 0)")
         config[key] = int(value)
     return config
 
