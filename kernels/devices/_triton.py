@@ -144,9 +144,6 @@ class TritonKernel:
 
 # ---------------------------------------------------------------- the interpreter device
 
-TORCH_DTYPES = ("float32", "float16", "bfloat16")
-
-
 def _torch_dtype(name: str) -> Any:
     import torch
 
@@ -248,10 +245,6 @@ class TritonInterpreter(Device):
 
         return call
 
-
-def triton_source_dir() -> Path:
-    """Where imported Triton modules are written (under the cache root)."""
-    return cache_root() / "triton"
 
 
 # ---------------------------------------------------------------- compiling without a GPU
