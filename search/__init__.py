@@ -22,6 +22,7 @@ from .ir import (
     GRID_DIMS,
     HANDWRITTEN,
     KERNEL,
+    LAYOUTS,
     MAX_RANK,
     OPS,
     ROW_REDUCTIONS,
@@ -65,7 +66,7 @@ __all__ = [
     "random_program_doc", "rank", "run_search", "run_shard", "split_shard",
     # the IR, re-exported from search.ir
     "ACCUM_KINDS", "BINARY_OPS", "BLOCK", "COMPUTE_OPS", "DTYPES", "DTYPE_BYTES", "EGG_FUNCTIONS",
-    "ELEMENTWISE_OPS", "EXTRA", "GRID_DIMS", "HANDWRITTEN", "KERNEL", "MAX_RANK", "OPS",
+    "ELEMENTWISE_OPS", "EXTRA", "GRID_DIMS", "HANDWRITTEN", "KERNEL", "LAYOUTS", "MAX_RANK", "OPS",
     "ROW_REDUCTIONS", "SUITE", "UNARY_OPS", "BlockGraph", "GraphFormatError", "KernelGraph",
     "OpDef", "Program", "ProgramError", "ShapeError", "SymDim", "Tensor", "bind_dim",
     "builtin_names", "builtin_program", "fmt_shape", "format_graph", "from_json", "from_obj",

@@ -100,8 +100,10 @@ class BlockSearch:
             return [(("kind", k),) for k in kinds]
         if "dim" in opdef.attrs:
             return [(("dim", d),) for d, s in enumerate(first.shape) if s != 1]
-        if kind == "mul_scalar":
-            return [(("scalar", c),) for c in self.ctx.constants]
+        if kind in ("mul_scalar", "add_scalar"):
+            return [(("scalar", c),) for c in self.ctx.numbers.get((kind, "scalar"), ())]
+        if kind == "rms_norm":  # without eps, and with each eps the reference uses
+            return [(), *((("eps", e),) for e in self.ctx.numbers.get((kind, "eps"), ()))]
         return [()]
 
     def _classify(self, kind: str, operands: tuple[int, ...], attrs: tuple,

@@ -49,7 +49,7 @@ MATMUL_OPS = tuple(n for n in COMPUTE_OPS if OPS[n].arity == 2 and not OPS[n].el
 SCALAR_OPS = tuple(n for n in COMPUTE_OPS if OPS[n].elementwise and OPS[n].arity == 1
                    and OPS[n].attrs)
 DIM_REDUCTIONS = tuple(sorted(n for n in ROW_REDUCTIONS if "dim" in OPS[n].attrs))
-ROW_NORMS = tuple(sorted(n for n in ROW_REDUCTIONS if not OPS[n].attrs))
+ROW_NORMS = tuple(sorted(n for n in ROW_REDUCTIONS if not OPS[n].required))
 # kind -> weight of drawing it at a step
 KINDS = {"matmul": 3, "reduce": 3, "unary": 3, "binary": 3, "scalar": 1}
 

@@ -14,9 +14,9 @@ from .dimclass import DimClasses, dim_classes
 from .ir import EGG_FUNCTIONS, OPS, Expr, KernelGraph
 
 DEFAULT_KERNEL_OPS = ("matmul", "exp", "silu", "add", "mul", "div", "sum", "rms_norm")
-DEFAULT_BLOCK_OPS = ("matmul", "exp", "square", "sqrt", "silu", "sigmoid", "gelu", "relu",
-                     "add", "sub", "mul", "div", "mul_scalar", "sum", "mean", "rms_norm",
-                     "accum")
+DEFAULT_BLOCK_OPS = ("matmul", "exp", "square", "sqrt", "rsqrt", "neg", "tanh", "silu",
+                     "sigmoid", "gelu", "relu", "add", "sub", "mul", "div", "mul_scalar",
+                     "add_scalar", "sum", "mean", "rms_norm", "accum")
 GRID_SYMBOLS = ("g0", "g1", "g2")
 MIN_BLOCK_INPUTS = 3  # Mirage's default; the adaptive limit never goes below it
 
@@ -115,16 +115,25 @@ class Context:
     limits: Limits
     target: SaturatedTarget
     roots: list[str | None]
-    constants: tuple[float, ...]
+    constants: tuple[float, ...]  # of the reference's mul_scalar ops
+    # the numeric attributes the reference uses, per (op, attribute): the only values the
+    # block search tries (add_scalar's scalars, rms_norm's eps, ...)
+    numbers: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict)
     _prefix_cache: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, reference: KernelGraph, limits: Limits) -> Context:
         outputs = target_expressions(reference)
         target = saturate(outputs)
-        consts = tuple(sorted({op.attrs["scalar"] for op in reference.ops_of("mul_scalar")}))
+        numbers: dict[tuple[str, str], set[float]] = {}
+        for op in reference.ops:
+            for key in ("scalar", "eps"):
+                if key in op.attrs:
+                    numbers.setdefault((op.kind, key), set()).add(float(op.attrs[key]))
+        consts = tuple(sorted(numbers.get(("mul_scalar", "scalar"), ())))
         limits = limits.for_program(len(reference.input_ids))
-        return cls(reference, limits, target, [target.eclass(e) for e in outputs], consts)
+        return cls(reference, limits, target, [target.eclass(e) for e in outputs], consts,
+                   numbers={k: tuple(sorted(v)) for k, v in numbers.items()})
 
     def useful_ops(self, ops: tuple[str, ...]) -> tuple[str, ...]:
         """Ops whose result could be in the target at all: the function at the top of their

@@ -43,11 +43,18 @@ class Arithmetic(ABC):
     @abstractmethod
     def scale(self, a: np.ndarray, c: float | Fraction) -> np.ndarray: ...
     @abstractmethod
+    def shift(self, a: np.ndarray, c: float | Fraction) -> np.ndarray:
+        """a + c for a numeric constant c (add_scalar, rms_norm's epsilon)."""
+    @abstractmethod
     def exp(self, a: np.ndarray) -> np.ndarray: ...
     @abstractmethod
     def sqrt(self, a: np.ndarray) -> np.ndarray: ...
     @abstractmethod
+    def rsqrt(self, a: np.ndarray) -> np.ndarray: ...
+    @abstractmethod
     def sigmoid(self, a: np.ndarray) -> np.ndarray: ...
+    @abstractmethod
+    def tanh(self, a: np.ndarray) -> np.ndarray: ...
     @abstractmethod
     def gelu(self, a: np.ndarray) -> np.ndarray: ...
     @abstractmethod
@@ -63,6 +70,10 @@ class Arithmetic(ABC):
 
     def square(self, a: np.ndarray) -> np.ndarray:
         return self.mul(a, a)
+
+    def neg(self, a: np.ndarray) -> np.ndarray:
+        """−x as x·(−1) in both arithmetics (exact in the field)."""
+        return self.scale(a, -1)
 
     def silu(self, a: np.ndarray) -> np.ndarray:
         """x·sigmoid(x) in both arithmetics, so that identity survives into the field."""

@@ -9,9 +9,12 @@ the Lax fragment (+, −, ×, ÷, constants, sum/matmul, exp of exp-free terms),
 agrees with probability ε ≤ d_q/q + d_p/p (Schwartz–Zippel; d_q: degree of the difference of
 the exponent parts over Z_q, d_p: degree over Z_p with distinct exp terms taken as independent
 variables). T independent tests agree with probability ≤ ε^T: for d ≤ 16, ε ≤ 2.29e-5,
-so T = 4 gives ≤ 2.8e-19 and T = 8 gives ≤ 7.6e-38. sqrt and the non-Lax ops (sigmoid, gelu,
-relu; silu := x·sigmoid(x)) are fixed functions, so they can cost false negatives, and false
-positives only through collisions (≤ 1/p per distinct argument pair).
+so T = 4 gives ≤ 2.8e-19 and T = 8 gives ≤ 7.6e-38. Scalar constants (mul_scalar, add_scalar,
+rms_norm's eps) and neg are exact field operations inside the Lax fragment. sqrt (and rsqrt,
+its field inverse, so rsqrt(x) = 1/sqrt(x) exactly) and the non-Lax ops (sigmoid, gelu, relu,
+tanh, each a hashed function with its own seed; silu := x·sigmoid(x)) are fixed functions, so
+they can cost false negatives, and false positives only through collisions (≤ 1/p per
+distinct argument pair).
 """
 
 from __future__ import annotations
@@ -116,7 +119,8 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 # Distinct seeds give each non-Lax op its own function; the values are arbitrary but fixed.
-_OP_SEEDS = {"sigmoid": 0x5167_0001, "gelu": 0x6E10_0002, "relu": 0x7E1A_0003}
+_OP_SEEDS = {"sigmoid": 0x5167_0001, "gelu": 0x6E10_0002, "relu": 0x7E1A_0003,
+             "tanh": 0x7A4B_0004}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -200,6 +204,11 @@ class FieldArith(Arithmetic):
         factors = _field_constant(c)
         return a * factors.reshape(_mod(a.ndim).shape) % _mod(a.ndim)
 
+    def shift(self, a, c):
+        """a + c, exact: c is taken as a fraction in both components (as ``scale`` takes it)."""
+        terms = _field_constant(c)
+        return (a + terms.reshape(_mod(a.ndim).shape)) % _mod(a.ndim)
+
     def exp(self, a):
         """(G**x_q mod P, 1): a homomorphism (Z_Q, +) → (Z_P^*, ·) × {1}."""
         out = np.empty_like(a)
@@ -210,6 +219,10 @@ class FieldArith(Arithmetic):
     def sqrt(self, a):
         """x**((m+1)/4) per component: a square root of every quadratic residue."""
         return _tables()[1][a + _offset(a.ndim)].astype(np.int64)
+
+    def rsqrt(self, a):
+        """1/√x as the inverse of ``sqrt``, so rsqrt(x) = 1 / sqrt(x) holds exactly."""
+        return self.inverse(self.sqrt(a))
 
     def _hash(self, a: np.ndarray, op: str) -> np.ndarray:
         """A fixed pseudo-random function of (x_p, x_q), different per op."""
@@ -228,6 +241,9 @@ class FieldArith(Arithmetic):
 
     def relu(self, a):
         return self._hash(a, "relu")
+
+    def tanh(self, a):
+        return self._hash(a, "tanh")
 
     def sum_axes(self, a, axes):
         self._check_axes(a, axes)

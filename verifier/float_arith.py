@@ -53,11 +53,20 @@ class FloatArith(Arithmetic):
     def scale(self, a, c):
         return a * float(c)
 
+    def shift(self, a, c):
+        return a + float(c)
+
     def exp(self, a):
         return np.exp(a)
 
     def sqrt(self, a):
         return np.sqrt(a)
+
+    def rsqrt(self, a):
+        return 1.0 / np.sqrt(a)
+
+    def tanh(self, a):
+        return np.tanh(a)
 
     def sigmoid(self, a):
         # Same function as 1 / (1 + e^-x), but cannot overflow for very negative x.

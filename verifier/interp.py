@@ -30,10 +30,14 @@ def _compute(kind: str, attrs: Mapping[str, Any], args: list[np.ndarray], ranks:
         return getattr(ar, kind)(a)
     if kind == "mul_scalar":
         return ar.scale(a, attrs["scalar"])
+    if kind == "add_scalar":
+        return ar.shift(a, attrs["scalar"])
     if kind in ("sum", "mean"):
         return getattr(ar, kind)(a, attrs["dim"] - ranks[0])
     if kind == "rms_norm":
-        return ar.div(a, ar.sqrt(ar.mean(ar.square(a), -1)))
+        ms = ar.mean(ar.square(a), -1)
+        eps = attrs.get("eps", 0.0)
+        return ar.div(a, ar.sqrt(ar.shift(ms, eps) if eps else ms))
     raise ShapeError(f"the interpreter has no meaning for op {kind!r}")
 
 

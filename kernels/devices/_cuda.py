@@ -238,6 +238,12 @@ def cupy_arith(cp: Any) -> Any:
         def relu(self, a):
             return cp.maximum(a, 0.0)
 
+        def rsqrt(self, a):
+            return 1.0 / cp.sqrt(a)
+
+        def tanh(self, a):
+            return cp.tanh(a)
+
         def sum_axes(self, a, axes):
             self._check_axes(a, axes)
             return cp.sum(a, axis=tuple(axes), keepdims=True)

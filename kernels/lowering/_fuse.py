@@ -145,7 +145,7 @@ class Fuser:
         if part is None:
             cand, part = self.new_loop(shape, op.stage, op.comment), "col"
         args = tuple(self.operand(a, cand, part) for a in ins)
-        attrs = {"scalar": op.attrs["scalar"]} if op.kind == "mul_scalar" else {}
+        attrs = {"scalar": op.attrs["scalar"]} if "scalar" in op.attrs else {}
         getattr(self.loops[cand], part).append(
             Let(var(op.out), op.kind, args, attrs=attrs, comment=op.comment))
         self.place(op.out, cand, part)

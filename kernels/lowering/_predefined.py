@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from kernels.hardware import DeviceSpec
-from search.ir import GRID_DIMS, BlockGraph, ShapeError
+from search.ir import GRID_DIMS, OPS, BlockGraph, ShapeError
 
 from ._mapping import astitch_rule, largest_divisor_at_most
 
@@ -51,8 +51,8 @@ def predefined_block_graph(kind: str, attrs: dict, specs: Sequence[tuple[tuple[i
     tiles = [bg.input(i, _imap_skip(factors, s, out, skip=-1), -1) for i, (s, _) in enumerate(specs)]
     if kind in ("sum", "mean"):
         y = bg.apply(kind, tiles[0], dim=attrs["dim"])
-    elif kind == "mul_scalar":
-        y = bg.apply(kind, tiles[0], scalar=attrs["scalar"])
+    elif OPS[kind].attrs:  # mul_scalar, add_scalar, rms_norm: the op's own attributes
+        y = bg.apply(kind, *tiles, **attrs)
     else:
         y = bg.apply(kind, *tiles)
     omap = tuple(list(factors) + [-1] * (GRID_DIMS - len(factors)))

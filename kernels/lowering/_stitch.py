@@ -55,7 +55,7 @@ class Home:
 
 def _fmt(bg: BlockGraph, op) -> str:
     args = ", ".join(f"t{i}" for i in op.inputs)
-    attrs = {k: v for k, v in op.attrs.items() if k in ("dim", "kind", "scalar", "omap")}
+    attrs = {k: v for k, v in op.attrs.items() if k in ("dim", "kind", "scalar", "eps", "omap")}
     extra = "".join(f", {k}={v}" for k, v in attrs.items())
     out = f"t{op.outputs[0]} = " if op.outputs else ""
     shape = bg.tensors[op.outputs[0]].shape if op.outputs else bg.tensors[op.inputs[0]].shape
@@ -116,6 +116,8 @@ def expand(bg: BlockGraph) -> tuple[list[IOp], dict[str, tuple[int, ...]], dict[
             sq = emit("square", (x,), tmp("sq", xs))
             ss = emit("rowsum", (sq,), tmp("ss", row))
             ms = emit("mul_scalar", (ss,), tmp("ms", row), scalar=1.0 / xs[-1])
+            if op.attrs.get("eps"):
+                ms = emit("add_scalar", (ms,), tmp("eps", row), scalar=op.attrs["eps"])
             rr = emit("sqrt", (ms,), tmp("rms", row))
             emit("div", (x, rr), out)
         elif op.kind == "accum":

@@ -16,13 +16,16 @@ from kernels.lowering import Access, Buffer, Kernel, KernelPlan, Let, Level, Loo
 
 UNARY = {"exp": "exp_f({a})", "sqrt": "sqrtf({a})", "square": "({a} * {a})",
          "relu": "fmaxf({a}, 0.0f)", "sigmoid": "sigmoid_f({a})",
-         "silu": "({a} * sigmoid_f({a}))", "gelu": "gelu_f({a})"}
+         "silu": "({a} * sigmoid_f({a}))", "gelu": "gelu_f({a})", "neg": "(-{a})",
+         "rsqrt": "(1.0f / sqrtf({a}))", "tanh": "tanh_f({a})"}
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-# Both through exp_f (each dialect supplies one): sigmoid(x) = 1 / (1 + e^-x), and the tanh
-# form of gelu, 0.5·x·(1 + tanh(u)) = x·sigmoid(2u), with u = √(2/π)·(x + 0.044715·x³).
+# Through exp_f (each dialect supplies one): sigmoid(x) = 1 / (1 + e^-x), the tanh form of
+# gelu, 0.5·x·(1 + tanh(u)) = x·sigmoid(2u), with u = √(2/π)·(x + 0.044715·x³), and
+# tanh(x) = 2·sigmoid(2x) − 1, which saturates to ±1 (never inf/NaN) for large |x|.
 MATH = (("float sigmoid_f(float x)", "return 1.0f / (1.0f + exp_f(-x));"),
         ("float gelu_f(float x)",
-         "return x / (1.0f + exp_f(-1.5957691216057308f * (x + 0.044715f * x * x * x)));"))
+         "return x / (1.0f + exp_f(-1.5957691216057308f * (x + 0.044715f * x * x * x)));"),
+        ("float tanh_f(float x)", "return 2.0f / (1.0f + exp_f(-2.0f * x)) - 1.0f;"))
 
 
 def flit(x: float) -> str:
@@ -217,6 +220,8 @@ class CStyle:
             expr = f"({a[0]} {BINARY[st.op]} {a[1]})"
         elif st.op == "mul_scalar":
             expr = f"({a[0]} * {flit(st.attrs['scalar'])})"
+        elif st.op == "add_scalar":
+            expr = f"({a[0]} + {flit(st.attrs['scalar'])})"
         else:
             expr = UNARY[st.op].format(a=a[0])
         return [f"const float {st.var} = {expr};"]

@@ -44,7 +44,8 @@ TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.b
 UNARY = {"exp": "tl.exp({a})", "sqrt": "tl.sqrt({a})", "square": "({a} * {a})",
          "relu": "tl.maximum({a}, 0.0)", "sigmoid": "tl.sigmoid({a})",
          "silu": "({a} * tl.sigmoid({a}))",
-         "gelu": "({a} * tl.sigmoid(1.5957691216057308 * ({a} + 0.044715 * {a} * {a} * {a})))"}
+         "gelu": "({a} * tl.sigmoid(1.5957691216057308 * ({a} + 0.044715 * {a} * {a} * {a})))",
+         "neg": "(-{a})", "rsqrt": "tl.rsqrt({a})", "tanh": "(2.0 * tl.sigmoid(2.0 * {a}) - 1.0)"}
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 
@@ -268,6 +269,8 @@ class TritonDialect(TileMath):
             expr = f"({a[0]} {BINARY[st.op]} {a[1]})"
         elif st.op == "mul_scalar":
             expr = f"({a[0]} * {float(st.attrs['scalar'])!r})"
+        elif st.op == "add_scalar":
+            expr = f"({a[0]} + {float(st.attrs['scalar'])!r})"
         elif st.op == "exp" and st.attrs.get("shift") and st.attrs.get("local"):
             p = f"L{self._li}_"
             m = f"{st.attrs['shift']}"

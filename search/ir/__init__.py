@@ -23,6 +23,7 @@ from .ops import (
     ELEMENTWISE_OPS,
     GRID_DIMS,
     KERNEL,
+    LAYOUTS,
     MAX_RANK,
     OPS,
     ROW_REDUCTIONS,
@@ -37,7 +38,7 @@ from .suite import EXTRA, SUITE, builtin_names, builtin_program, load_program, s
 
 __all__ = [
     "ACCUM_KINDS", "BINARY_OPS", "BLOCK", "COMPUTE_OPS", "DTYPES", "DTYPE_BYTES", "EGG_FUNCTIONS",
-    "ELEMENTWISE_OPS", "EXTRA", "GRID_DIMS", "HANDWRITTEN", "KERNEL", "MAX_RANK", "OPS",
+    "ELEMENTWISE_OPS", "EXTRA", "GRID_DIMS", "HANDWRITTEN", "KERNEL", "LAYOUTS", "MAX_RANK", "OPS",
     "ROW_REDUCTIONS", "SUITE", "UNARY_OPS", "BlockGraph", "Expr", "Graph", "GraphFormatError",
     "KernelGraph", "Op", "OpDef", "Program", "ProgramError", "ShapeError", "SymDim", "Tensor",
     "TensorInfo", "bind_dim", "builtin_names", "builtin_program", "fmt_shape", "format_graph",

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from .core import Graph, Tensor, TensorInfo
 from .dims import Dim, ShapeError, Size, bind_dim, bind_size, divide, fmt_shape, multiply
-from .ops import BLOCK, DTYPES, GRID_DIMS, KERNEL, MAX_RANK
+from .ops import BLOCK, DTYPES, GRID_DIMS, KERNEL, LAYOUTS, MAX_RANK
 from .printing import format_graph
 
 
@@ -29,8 +29,18 @@ class KernelGraph(Graph):
     level = KERNEL
 
     def new_input(self, shape: Sequence[int], dtype: str = "float16",
-                  name: str | None = None) -> Tensor:
-        return self._append("input", (), {"shape": tuple(shape), "dtype": dtype}, name)[0]
+                  name: str | None = None, layout: str = "row") -> Tensor:
+        """A program input of logical ``shape``; ``layout="transposed"``: its memory holds
+        the contiguous transpose of the last two dims (``ops.LAYOUTS``)."""
+        return self._append("input", (), {"shape": tuple(shape), "dtype": dtype,
+                                          "layout": layout}, name)[0]
+
+    def input_layout(self, tid: int) -> str:
+        """The layout of kernel input tensor ``tid`` ("row" for any other tensor)."""
+        for op in self.ops_of("input"):
+            if op.outputs[0] == tid:
+                return op.attrs.get("layout", "row")
+        return "row"
 
     def mark_output(self, tensor: Tensor) -> None:
         if tensor.graph is not self:
@@ -55,6 +65,14 @@ class KernelGraph(Graph):
                 raise ShapeError(f"input: shape must be 1 to {MAX_RANK} positive integers, "
                                  f"got {shape!r}")
             attrs["shape"] = tuple(shape)
+            layout = attrs.pop("layout", "row")
+            if layout not in LAYOUTS:
+                raise ShapeError(f"input: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+            if layout != "row":
+                if len(shape) < 2:
+                    raise ShapeError(f"input: a {layout} input has at least 2 dims, got "
+                                     f"{fmt_shape(tuple(shape))}")
+                attrs["layout"] = layout  # "row" is not stored: graphs hash as before
             return [TensorInfo(tuple(shape), _check_dtype(attrs["dtype"]))]
         if kind == "output":
             return []

@@ -10,9 +10,12 @@
       O = matmul(rms_norm(X), W)
     outputs: [O]
 
-``body`` holds one assignment per line: operators ``+ - * / @``, numeric constants (multiplying
-or dividing a tensor), and calls of op-table ops such as ``exp(x)`` or ``sum(x, 2)``.  Every
-error names the file and line.
+``body`` holds one assignment per line: operators ``+ - * / @``, unary ``-``, numeric constants
+(``x + 1e-6``, ``1 - x``, ``x - c``, ``c * x``, ``x / c``: add_scalar, neg and mul_scalar), and
+calls of op-table ops such as ``exp(x)``, ``sum(x, 2)`` or ``rms_norm(x, eps=1e-6)``.  An input
+is ``name: [dims]``, or ``name: {shape: [dims], layout: transposed}`` for a tensor whose memory
+holds the contiguous transpose of its last two dims (a Linear layer's weight read as ``W.t()``).
+Every error names the file and line.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import yaml
 
 from .dims import ShapeError
 from .graph import KernelGraph, Tensor
-from .ops import COMPUTE_OPS, DTYPES, KERNEL, OPS
+from .ops import COMPUTE_OPS, DTYPES, KERNEL, LAYOUTS, OPS
 
 PROGRAM_KEYS = ("name", "dtype", "params", "inputs", "body", "outputs", "description")
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.MatMult: "matmul"}
@@ -56,6 +59,7 @@ class Program:
     body_line: int = 1  # file line of the body's first line, for error messages
     outputs_line: int | None = None
     shape_exprs: dict[str, list[Any]] = field(default_factory=dict)
+    layouts: dict[str, str] = field(default_factory=dict)  # inputs not stored row-major
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Program:
         """Apply ``--set`` style overrides: a param (``batch=8``) or an input (``X=16x1024``)."""
@@ -78,7 +82,7 @@ class Program:
                   for n, s in self.inputs.items()}
         return Program(self.name, self.dtype, inputs, self.body, self.outputs, params,
                        self.description, self.source, self.body_line, self.outputs_line,
-                       self.shape_exprs)
+                       self.shape_exprs, dict(self.layouts))
 
     def build(self) -> KernelGraph:
         """The reference µGraph of this program."""
@@ -174,12 +178,17 @@ def parse_program(text: str, source: str = "<string>") -> Program:
     if not isinstance(inputs, dict) or not inputs:
         raise ProgramError(source, line("inputs"), "inputs maps each input name to its shape")
     shape_exprs: dict[str, list[Any]] = {}
+    layouts: dict[str, str] = {}
     for k_node, _ in nodes["inputs"][1].value:
         name = k_node.value
         if not name.isidentifier():
             raise ProgramError(source, k_node.start_mark.line + 1,
                                f"input name {name!r} is not an identifier")
         value = inputs[name]
+        if isinstance(value, dict):
+            value, layout = _input_entry(name, value, source, k_node.start_mark.line + 1)
+            if layout != "row":
+                layouts[name] = layout
         if not isinstance(value, list) or not 1 <= len(value) <= 4:
             raise ProgramError(source, k_node.start_mark.line + 1,
                                f"input {name}: shape must be a list of 1 to 4 dims")
@@ -205,9 +214,26 @@ def parse_program(text: str, source: str = "<string>") -> Program:
         raise ProgramError(source, line("name"), "name must be a non-empty string")
     program = Program(name, dtype, shapes, body, outputs, dict(params),
                       str(data.get("description") or ""), source, body_line, line("outputs"),
-                      shape_exprs)
+                      shape_exprs, layouts)
     program.build()  # report body errors now, with their lines
     return program
+
+
+def _input_entry(name: str, entry: dict, source: str, line: int) -> tuple[Any, str]:
+    """``{shape: [...], layout: row|transposed}``: the shape and the layout of one input."""
+    unknown = sorted(set(entry) - {"shape", "layout"})
+    if unknown or "shape" not in entry:
+        raise ProgramError(source, line, f"input {name}: write [dims] or {{shape: [dims], "
+                           f"layout: row|transposed}}" + (f" (unknown key(s) {unknown})"
+                                                          if unknown else ""))
+    layout = entry.get("layout", "row")
+    if layout not in LAYOUTS:
+        raise ProgramError(source, line, f"input {name}: layout {layout!r} is not one of "
+                           + ", ".join(LAYOUTS))
+    if layout == "transposed" and isinstance(entry["shape"], list) and len(entry["shape"]) < 2:
+        raise ProgramError(source, line, f"input {name}: a transposed input has at least 2 "
+                           "dims (its last two are swapped in memory)")
+    return entry["shape"], layout
 
 
 def load_program_file(path: str | Path) -> Program:
@@ -234,7 +260,8 @@ class _Builder:
 
     def build(self) -> KernelGraph:
         for name, shape in self.p.inputs.items():
-            self.env[name] = self.g.new_input(shape, self.p.dtype, name)
+            self.env[name] = self.g.new_input(shape, self.p.dtype, name,
+                                              layout=self.p.layouts.get(name, "row"))
         try:
             tree = ast.parse(self.p.body)
         except SyntaxError as err:
@@ -278,8 +305,7 @@ class _Builder:
             return float(node.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             inner = self.expr(node.operand)
-            return -inner if isinstance(inner, float) else self.apply(node, "mul_scalar",
-                                                                       inner, -1.0)
+            return -inner if isinstance(inner, float) else self.apply(node, "neg", inner)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             return self.binop(node)
         if isinstance(node, ast.Call):
@@ -294,16 +320,20 @@ class _Builder:
             return self.apply(node, op, a, b)
         if isinstance(a, float) and isinstance(b, float):
             raise self.fail(node, "arithmetic between two constants; write the value instead")
-        if op == "mul":
+        if op in ("mul", "add"):
             t, c = (a, b) if isinstance(a, Tensor) else (b, a)
-            return self.apply(node, "mul_scalar", t, c)
+            return self.apply(node, f"{op}_scalar", t, c)
+        if op == "sub" and isinstance(a, Tensor):  # x - c = x + (-c)
+            return self.apply(node, "add_scalar", a, -float(b))  # type: ignore[arg-type]
+        if op == "sub" and isinstance(b, Tensor):  # c - x = (-x) + c
+            return self.apply(node, "add_scalar", self.apply(node, "neg", b), a)
         if op == "div" and isinstance(a, Tensor) and not isinstance(b, Tensor):
             if b == 0:
                 raise self.fail(node, "division by the constant 0")
             return self.apply(node, "mul_scalar", a, 1.0 / b)
-        raise self.fail(node, f"'{ast.unparse(node)}': a constant may only multiply a tensor "
-                        "or divide it (there is no op for adding a constant or dividing by a "
-                        "tensor from a constant)")
+        raise self.fail(node, f"'{ast.unparse(node)}': a constant may be added to, subtracted "
+                        "from, multiply or divide a tensor, but not be divided by one (there is no "
+                        "op for c / x; pass c as an input tensor and write C / x)")
 
     def call(self, node: ast.Call) -> Tensor:
         if not isinstance(node.func, ast.Name):
@@ -329,9 +359,14 @@ class _Builder:
             if isinstance(value, Tensor):
                 raise self.fail(node, f"{op}: {k.arg} must be a number")
             kw[k.arg] = int(value) if k.arg == "dim" and float(value).is_integer() else value
-        if len(attrs) + len(kw) != len(opdef.attrs):
-            raise self.fail(node, f"{op} needs {len(opdef.attrs)} attribute(s) "
-                            f"({', '.join(opdef.attrs) or 'none'})")
+        given = {*opdef.attrs[:len(attrs)], *kw}
+        missing = [a for a in opdef.required if a not in given]
+        if missing or len(attrs) > len(opdef.attrs) or len(given) != len(attrs) + len(kw):
+            optional = [a for a in opdef.attrs if a not in opdef.required]
+            raise self.fail(node, f"{op} needs {len(opdef.required)} attribute(s) "
+                            f"({', '.join(opdef.required) or 'none'})"
+                            + (f" and takes {', '.join(optional)} optionally" if optional
+                               else ""))
         try:
             return self.g.apply(op, *tensors, *attrs, **kw)
         except ShapeError as err:

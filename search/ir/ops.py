@@ -22,6 +22,9 @@ KERNEL = "kernel"
 BLOCK = "block"
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # storage width of each dtype
 DTYPES = tuple(DTYPE_BYTES)
+# how a kernel input is stored: row-major, or as the contiguous transpose of its last two dims
+# (logical [..., K, N] held as [..., N, K]: a Linear weight read as W.t(), no copy)
+LAYOUTS = ("row", "transposed")
 MAX_RANK = 4  # dims of a tensor
 GRID_DIMS = 3  # dims of a block graph's grid and block (and of its imaps and omaps)
 ACCUM_KINDS = ("no_red", "sum", "mean", "rms")
@@ -46,10 +49,19 @@ class OpDef:
     egg: str | None = None  # the egglog function its abstract expression is tagged with
     doc: str = ""
     dtype_rule: Callable[[Sequence[str], dict], str] = field(default=None)  # type: ignore[assignment]
+    # attributes that may be left out, with their default; a rule drops an attribute equal to
+    # its default, so a graph that does not use it stores (and hashes) as it did before
+    optional: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype_rule is None:
             object.__setattr__(self, "dtype_rule", _same_dtype(self.name))
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The attributes a caller must give (``attrs`` less the ``optional`` ones)."""
+        left_out = {k for k, _ in self.optional}
+        return tuple(a for a in self.attrs if a not in left_out)
 
     def expression(self, operands: Sequence[Expr], shapes: Sequence[Shape], attrs: dict) -> Expr:
         """The op's abstract expression over its operands' (``abstract``; an op without one,
@@ -141,11 +153,30 @@ def _reduce_shape(name: str):
     return rule
 
 
-def _scalar_shape(shapes: Sequence[Shape], attrs: dict) -> Shape:
-    c = attrs.get("scalar")
+def _finite(name: str, key: str, c: Any) -> float:
     if not isinstance(c, int | float) or isinstance(c, bool) or not math.isfinite(c):
-        raise ShapeError(f"mul_scalar: attribute 'scalar' must be a finite number, got {c!r}")
-    attrs["scalar"] = float(c)
+        raise ShapeError(f"{name}: attribute '{key}' must be a finite number, got {c!r}")
+    return float(c)
+
+
+def _scalar_shape(name: str):
+    def rule(shapes: Sequence[Shape], attrs: dict) -> Shape:
+        _check_rank(name, shapes[0])
+        attrs["scalar"] = _finite(name, "scalar", attrs.get("scalar"))
+        return shapes[0]
+    return rule
+
+
+def _rms_norm_shape(shapes: Sequence[Shape], attrs: dict) -> Shape:
+    """x / sqrt(mean(x², last dim) + eps); eps ≥ 0, and eps = 0 is not stored."""
+    _check_rank("rms_norm", shapes[0])
+    eps = _finite("rms_norm", "eps", attrs.get("eps", 0.0))
+    if eps < 0:
+        raise ShapeError(f"rms_norm: eps must be ≥ 0, got {eps!r}")
+    if eps == 0.0:
+        attrs.pop("eps", None)
+    else:
+        attrs["eps"] = eps
     return shapes[0]
 
 
@@ -209,9 +240,10 @@ def _abs_reduce(mean: bool):
 
 def _abs_rms_norm(e, s, a):
     cls = _dim_cls(a, 0, -1)
-    if cls == -1:
-        return ("div", e[0], ("sqrt", ("mul", e[0], e[0])))
-    return ("div", e[0], ("sqrt", ("mul", _sum(cls, ("mul", e[0], e[0])), _inv(cls))))
+    ms = ("mul", e[0], e[0]) if cls == -1 else \
+        ("mul", _sum(cls, ("mul", e[0], e[0])), _inv(cls))
+    eps = float(a.get("eps", 0.0))
+    return ("div", e[0], ("sqrt", ("add", ms, ("cst", eps)) if eps else ms))
 
 
 def _abs_accum(e, s, a):
@@ -236,31 +268,43 @@ _BOTH = frozenset({KERNEL, BLOCK})
 _UNARY_DOCS = {
     "exp": "e^x", "square": "x²", "sqrt": "√x", "silu": "x·sigmoid(x)",
     "sigmoid": "1/(1+e^-x)", "gelu": "x·Φ(x) (tanh approximation in float)",
-    "relu": "max(x, 0)",
+    "relu": "max(x, 0)", "neg": "−x", "rsqrt": "1/√x", "tanh": "tanh(x)",
+}
+# unary ops written with other functions of the e-graph (the rest are ("op", x))
+_UNARY_ABSTRACT: dict[str, Callable[[Sequence[Expr], Sequence[Shape], dict], Expr]] = {
+    "square": lambda e, s, a: ("mul", e[0], e[0]),
+    "neg": lambda e, s, a: _neg(e[0]),
+    "rsqrt": lambda e, s, a: ("div", ("cst", 1.0), ("sqrt", e[0])),
 }
 _BINARY_DOCS = {"add": "a + b", "sub": "a − b", "mul": "a · b", "div": "a / b"}
 # ops whose abstract expression has a function of its own in the e-graph (the others are
 # written with these: sub = add of a negation, square = mul, mean = sum times a constant, ...)
 _EGG = {"add": "Add", "mul": "Mul", "div": "Div", "exp": "Exp", "sqrt": "Sqrt", "silu": "Silu",
-        "sigmoid": "Sigmoid", "gelu": "Gelu", "relu": "Relu"}
+        "sigmoid": "Sigmoid", "gelu": "Gelu", "relu": "Relu", "tanh": "Tanh"}
 
 
 def _build() -> dict[str, OpDef]:
     ops = [
-        OpDef("input", 0, _BOTH, None, None, ("shape", "dtype", "index", "imap", "fmap"),
-              doc="a kernel input (shape, dtype) or, in a block graph, a tile of one"),
+        OpDef("input", 0, _BOTH, None, None,
+              ("shape", "dtype", "index", "imap", "fmap", "layout"),
+              doc="a kernel input (shape, dtype, layout) or, in a block graph, a tile of one",
+              optional=(("layout", "row"),)),
         OpDef("output", 1, _BOTH, None, None, ("omap",),
               doc="marks a graph output; in a block graph, omap places the tile"),
         OpDef("matmul", 2, _BOTH, _matmul_shape, _abs_matmul, doc="a @ b over the last two dims"),
-        OpDef("mul_scalar", 1, _BOTH, _scalar_shape,
+        OpDef("mul_scalar", 1, _BOTH, _scalar_shape("mul_scalar"),
               lambda e, s, a: ("mul", e[0], ("cst", float(a["scalar"]))),
               ("scalar",), elementwise=True, doc="x · c for a numeric constant c"),
+        OpDef("add_scalar", 1, _BOTH, _scalar_shape("add_scalar"),
+              lambda e, s, a: ("add", e[0], ("cst", float(a["scalar"]))),
+              ("scalar",), elementwise=True, doc="x + c for a numeric constant c"),
         OpDef("sum", 1, _BOTH, _reduce_shape("sum"), _abs_reduce(mean=False), ("dim",),
               row_reduction=True, egg="Sum", doc="sum over one dim, kept with size 1"),
         OpDef("mean", 1, _BOTH, _reduce_shape("mean"), _abs_reduce(mean=True), ("dim",),
               row_reduction=True, doc="mean over one dim, kept with size 1"),
-        OpDef("rms_norm", 1, _BOTH, _unary("rms_norm"), _abs_rms_norm, row_reduction=True,
-              doc="x / sqrt(mean(x², last dim)), no weight, no epsilon"),
+        OpDef("rms_norm", 1, _BOTH, _rms_norm_shape, _abs_rms_norm, ("eps",),
+              row_reduction=True, optional=(("eps", 0.0),),
+              doc="x / sqrt(mean(x², last dim) + eps), no weight; eps defaults to 0"),
         OpDef("accum", 1, frozenset({BLOCK}), _accum_shape, _abs_accum, ("kind",),
               doc="for-loop accumulator: no_red (sum over iterations) or sum/mean/rms of the "
                   "last dim over all iterations"),
@@ -272,7 +316,7 @@ def _build() -> dict[str, OpDef]:
                          commutative=name in ("add", "mul"), elementwise=True,
                          egg=_EGG.get(name), doc=doc))
     for name, doc in _UNARY_DOCS.items():
-        abstract = (lambda e, s, a: ("mul", e[0], e[0])) if name == "square" else _abs_unary(name)
+        abstract = _UNARY_ABSTRACT.get(name) or _abs_unary(name)
         ops.append(OpDef(name, 1, _BOTH, _unary(name), abstract, elementwise=True,
                          egg=_EGG.get(name), doc=doc))
     return {op.name: op for op in ops}
@@ -281,7 +325,8 @@ def _build() -> dict[str, OpDef]:
 OPS: dict[str, OpDef] = _build()
 COMPUTE_OPS = tuple(n for n in OPS if n not in ("input", "output", "graph_kernel", "accum"))
 ELEMENTWISE_OPS = frozenset(n for n, op in OPS.items() if op.elementwise)
-# pointwise ops of one operand and no attribute (mul_scalar, which takes one, is neither)
+# pointwise ops of one operand and no attribute (mul_scalar and add_scalar, which take one,
+# are neither)
 UNARY_OPS = tuple(n for n, op in OPS.items() if op.elementwise and op.arity == 1 and not op.attrs)
 BINARY_OPS = tuple(n for n, op in OPS.items() if op.elementwise and op.arity == 2)
 ROW_REDUCTIONS = frozenset(n for n, op in OPS.items() if op.row_reduction)
@@ -307,6 +352,6 @@ def op_flops(kind: str, in_shapes: Sequence[Sequence[int]], out_shape: Sequence[
     elems = math.prod(int(d) for d in out_shape) if out_shape else 1
     if kind == "matmul":
         return 2 * elems * int(in_shapes[0][-1])
-    if kind in ("sum", "mean", "rms_norm", "accum"):
+    if kind in ROW_REDUCTIONS or kind == "accum":
         return max(elems, math.prod(int(d) for d in in_shapes[0]))
     return elems

@@ -30,7 +30,7 @@ def _lines(graph: Graph, indent: str) -> list[str]:
         where = f" [{info.stage}]" if graph.level == BLOCK else ""
         shapes = " ".join(fmt_shape(graph.tensors[t].shape) for t in op.outputs)
         if op.kind == "input" and graph.level == KERNEL:
-            call = "input()"
+            call = f"input({extra})"
         lines.append(f"{indent}{outs} = {call}  : {shapes} {info.dtype}{where}")
         if op.kind == "graph_kernel":
             bg = op.attrs["block_graph"]  # a BlockGraph

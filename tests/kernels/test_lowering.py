@@ -446,6 +446,7 @@ def test_every_elementwise_op_of_the_table_has_a_rendering():
     from kernels.rendering._triton import UNARY as TRITON_UNARY
     from search import ELEMENTWISE_OPS, ROW_REDUCTIONS
 
-    assert ELEMENTWISE_OPS <= set(UNARY) | set(BINARY) | {"mul_scalar"}
-    assert ELEMENTWISE_OPS <= set(TRITON_UNARY) | set(TRITON_BINARY) | {"mul_scalar"}
+    assert ELEMENTWISE_OPS <= set(UNARY) | set(BINARY) | {"mul_scalar", "add_scalar"}
+    assert ELEMENTWISE_OPS <= set(TRITON_UNARY) | set(TRITON_BINARY) | {"mul_scalar",
+                                                                         "add_scalar"}
     assert ROW_OPS == {"input", "output", "accum"} | ELEMENTWISE_OPS | ROW_REDUCTIONS

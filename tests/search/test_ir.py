@@ -599,7 +599,8 @@ def test_docs_op_table_matches_the_op_table():
 def test_the_op_sets_are_read_from_the_op_table():
     import search as s
 
-    assert set(s.UNARY_OPS) | set(s.BINARY_OPS) | {"mul_scalar"} == s.ELEMENTWISE_OPS
+    assert set(s.UNARY_OPS) | set(s.BINARY_OPS) | {"mul_scalar", "add_scalar"} == \
+        s.ELEMENTWISE_OPS
     assert set(s.BINARY_OPS) == {"add", "sub", "mul", "div"}
     assert s.ROW_REDUCTIONS == {"sum", "mean", "rms_norm"}
     assert all(s.OPS[n].elementwise for n in s.ELEMENTWISE_OPS)

@@ -8,6 +8,7 @@ import pytest
 
 from search import (
     ProgramError,
+    ShapeError,
     builtin_names,
     builtin_program,
     load_program,
@@ -15,6 +16,7 @@ from search import (
     new_kernel_graph,
     parse_program,
     structural_hash,
+    to_json,
 )
 
 # Output shapes of the built-ins at their default sizes (../shared/docs/benchmarks.md).
@@ -59,6 +61,52 @@ def test_program_builds_the_same_graph_as_the_builder():
     assert structural_hash(load_program("rmsnorm_matmul").build()) == structural_hash(g)
 
 
+def test_scalar_constants_neg_and_eps_map_to_ops():
+    text = """name: ops
+dtype: float32
+inputs:
+  X: [4, 8]
+  W: {shape: [8, 16], layout: transposed}
+body: |
+  A = X + 1e-6
+  B = 1 - X
+  C = X - 2
+  D = rms_norm(X, eps=1e-5) + rsqrt(tanh(A)) + rms_norm(X)
+  O = matmul(A + B + C + D, W)
+outputs: [O]
+"""
+    g = parse_program(text, "ops.yaml").build()
+    kinds = [(op.kind, op.attrs.get("scalar", op.attrs.get("eps"))) for op in g.ops
+             if op.kind not in ("input", "output")]
+    assert kinds[:4] == [("add_scalar", 1e-6), ("neg", None), ("add_scalar", 1.0),
+                         ("add_scalar", -2.0)]
+    assert ("rms_norm", 1e-5) in kinds and ("rms_norm", None) in kinds  # eps 0: not stored
+    assert ("rsqrt", None) in kinds and ("tanh", None) in kinds
+    assert [op.attrs.get("layout") for op in g.ops_of("input")] == [None, "transposed"]
+    assert g.input_layout(g.input_ids[1]) == "transposed"
+    assert _output_shapes(g) == [(4, 16)]
+    # the builder spells the same graph
+    h = new_kernel_graph()
+    x = h.new_input((4, 8), "float32", "X")
+    w = h.new_input((8, 16), "float32", "W", layout="transposed")
+    a = h.add_scalar(x, 1e-6)
+    b = h.add_scalar(h.neg(x), 1.0)
+    c = h.add_scalar(x, -2.0)
+    d = h.add(h.add(h.rms_norm(x, eps=1e-5), h.rsqrt(h.tanh(a))), h.rms_norm(x))
+    h.mark_output(h.matmul(h.add(h.add(h.add(a, b), c), d), w))
+    assert structural_hash(h) == structural_hash(g)
+    # a row-major input, or eps 0, is stored as before: the same hash as without them
+    r = new_kernel_graph()
+    r.mark_output(r.rms_norm(r.new_input((4, 8), "float32", "X", layout="row"), eps=0.0))
+    s = new_kernel_graph()
+    s.mark_output(s.rms_norm(s.new_input((4, 8), "float32", "X")))
+    assert structural_hash(r) == structural_hash(s) and to_json(r) == to_json(s)
+    with pytest.raises(ShapeError, match="at least 2 dims"):
+        new_kernel_graph().new_input((8,), "float32", layout="transposed")
+    with pytest.raises(ShapeError, match="eps must be ≥ 0"):
+        r.rms_norm(r.tensor(r.input_ids[0]), eps=-1.0)
+
+
 def test_operators_map_to_ops():
     text = """name: ops
 dtype: float32
@@ -75,10 +123,10 @@ outputs: [G]
 """
     g = parse_program(text, "ops.yaml").build()
     assert [op.kind for op in g.ops if op.kind not in ("input", "output")] == [
-        "matmul", "mul_scalar", "mul_scalar", "mul_scalar", "add", "square", "sqrt", "relu",
+        "matmul", "neg", "mul_scalar", "mul_scalar", "add", "square", "sqrt", "relu",
         "mul", "sub", "exp", "mean"]
     scalars = [op.attrs["scalar"] for op in g.ops if op.kind == "mul_scalar"]
-    assert scalars == [-1.0, 0.25, 2.0]
+    assert scalars == [0.25, 2.0]
     assert _output_shapes(g) == [(4, 1)]
     assert {g.tensors[t].dtype for t in range(len(g.tensors))} == {"float32"}
 
@@ -170,8 +218,9 @@ MISTAKES = {
     "unknown op": (_edit(9, "  B = expo(A)"), 9, "unknown op 'expo'"),
     "unknown name": (_edit(9, "  B = exp(Z)"), 9, "unknown name 'Z'"),
     "assign to input": (_edit(9, "  X = exp(A)"), 9, "cannot assign to input 'X'"),
-    "constant + tensor": (_edit(9, "  B = A + 1"), 9, "a constant may only multiply"),
-    "constant / tensor": (_edit(9, "  B = 1 / A"), 9, "a constant may only multiply"),
+    "constant / tensor": (_edit(9, "  B = 1 / A"), 9, "not be divided by one"),
+    "bad layout": (_edit(6, "  W: {shape: [16, 32], layout: columns}"), 6,
+                   "layout 'columns' is not one of row, transposed"),
     "wrong arity": (_edit(9, "  B = exp(A, W)"), 9, "exp takes 1 tensor argument"),
     "missing operand": (_edit(8, "  A = matmul(X)"), 8, "matmul takes 2 tensor argument"),
     "missing attribute": (_edit(10, "  O = B / sum(B)"), 10, "sum needs 1 attribute"),
