@@ -3,7 +3,8 @@
 Every tensor of a µGraph has an abstract expression (the op table defines one per op).  The
 target program's output expressions are saturated *once* with egglog under Mirage's axioms
 (commutativity, associativity, distributivity, division rules, sum commutation, sums of sums
-and factoring constants out of sums).  A new tensor survives only if its expression is
+and factoring constants out of sums), plus the unit of multiplication, so that
+x · rsqrt(v) = x · (1 / √v) meets x / √v (a decomposed norm meets ``rms_norm``).  A new tensor survives only if its expression is
 represented in that e-graph, i.e. it is equal, under the axioms, to a subexpression of some
 form of the target.  Membership is a bottom-up hash-cons lookup in a Python dict built from
 the serialized e-graph, so each check costs microseconds.
@@ -37,6 +38,7 @@ _AXIOMS = """
 (birewrite (Sum c (Add a b)) (Add (Sum c a) (Sum c b)))
 (birewrite (Sum c (Mul a b)) (Mul (Sum c a) b))
 (birewrite (Sum c (Div a b)) (Div (Sum c a) b))
+(rewrite (Mul a (Cst "1.0")) a)
 """
 
 

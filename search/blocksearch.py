@@ -102,8 +102,11 @@ class BlockSearch:
             return [(("dim", d),) for d, s in enumerate(first.shape) if s != 1]
         if kind in ("mul_scalar", "add_scalar"):
             return [(("scalar", c),) for c in self.ctx.numbers.get((kind, "scalar"), ())]
-        if kind == "rms_norm":  # without eps, and with each eps the reference uses
-            return [(), *((("eps", e),) for e in self.ctx.numbers.get((kind, "eps"), ()))]
+        if kind == "rms_norm":  # without eps, and with each eps or added constant the
+            # reference uses (a decomposed norm adds its eps with add_scalar)
+            eps = {*self.ctx.numbers.get((kind, "eps"), ()),
+                   *(c for c in self.ctx.numbers.get(("add_scalar", "scalar"), ()) if c > 0)}
+            return [(), *((("eps", e),) for e in sorted(eps))]
         return [()]
 
     def _classify(self, kind: str, operands: tuple[int, ...], attrs: tuple,
@@ -228,7 +231,8 @@ class BlockSearch:
         ref = self.ctx.reference
         g = KernelGraph()
         for t, shape in zip(ref.input_ids, ref.input_shapes(), strict=True):
-            g.new_input(shape, ref.tensors[t].dtype, ref.tensors[t].name)
+            g.new_input(shape, ref.tensors[t].dtype, ref.tensors[t].name,
+                        layout=ref.input_layout(t))
         for op in self.kg.ops[len(ref.input_ids):]:
             g._append(op.kind, op.inputs, dict(op.attrs))
         specs = [(g.tensors[t].shape, g.tensors[t].dtype) for t in self.shard.inputs]

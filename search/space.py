@@ -167,7 +167,8 @@ class Context:
         ref = self.reference
         g = KernelGraph()
         for t, shape in zip(ref.input_ids, ref.input_shapes(), strict=True):
-            g.new_input(shape, ref.tensors[t].dtype, ref.tensors[t].name)
+            g.new_input(shape, ref.tensors[t].dtype, ref.tensors[t].name,
+                        layout=ref.input_layout(t))
         for kind, operands, attrs in prefix:
             g._append(kind, operands, dict(attrs))
         combined = ref.replay()

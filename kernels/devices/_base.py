@@ -31,7 +31,7 @@ from kernels.rendering import TritonUnsupported, render
 from search.ir import KernelGraph, ShapeError
 from verifier import equivalent
 
-from ._check import Expected, expected, random_inputs
+from ._check import Expected, as_logical, as_stored, expected, random_inputs
 from ._isolate import IsolatedWorker
 from ._status import COMPILE_ERROR, INVALID, OK, RUNTIME_ERROR, WRONG_RESULT
 
@@ -115,15 +115,20 @@ class Device(ABC):
               timeout_s: float = 60.0, baseline: KernelGraph | None = None) -> Execution:
         """Run ``plan`` against the float reference of ``reference`` (the program's graph at
         the plan's shapes) and time it; ``source`` replaces the rendering (any text with the
-        same entry points)."""
+        same entry points).  ``inputs`` are the arrays the kernel takes: for an input of
+        layout "transposed" that is the stored array, the contiguous transpose of its logical
+        last two dims (``as_stored``); the reference reads them back at logical shapes."""
         if source is None:
             try:
                 source = self.render(plan)
             except TritonUnsupported as err:  # a plan the chosen dialect cannot print
                 return Execution(COMPILE_ERROR, f"the triton dialect cannot print this "
                                  f"plan: {err}", plan, "")
-        xs = self.stored(plan, inputs if inputs is not None else random_inputs(reference, seed))
-        want = expected(reference, xs, self.compute_dtype(plan))
+        layouts = [b.layout for b in plan.inputs]
+        if inputs is None:  # drawn at logical shapes; a transposed input is passed stored
+            inputs = as_stored(random_inputs(reference, seed), layouts)
+        xs = self.stored(plan, inputs)
+        want = expected(reference, as_logical(xs, layouts), self.compute_dtype(plan))
         return self.execute(plan, source, xs, want, timing=timing, worker=worker,
                             timeout_s=timeout_s, baseline=baseline)
 

@@ -42,6 +42,25 @@ def random_inputs(graph: KernelGraph, seed: int = 0) -> list[np.ndarray]:
     return [a[0].astype(np.float32) for a in FloatArith().random_inputs(shapes, 1, rng)]
 
 
+def input_layouts(graph: KernelGraph) -> list[str]:
+    """Each program input's layout (``search.ir.LAYOUTS``), in input order."""
+    return [graph.input_layout(t) for t in graph.input_ids]
+
+
+def as_stored(inputs: Sequence[np.ndarray], layouts: Sequence[str]) -> list[np.ndarray]:
+    """Logical inputs as the arrays a kernel takes: a transposed input becomes the contiguous
+    transpose of its last two dims (what ``W.t()`` of a Linear weight holds)."""
+    return [np.ascontiguousarray(np.swapaxes(x, -1, -2)) if lay == "transposed" else x
+            for x, lay in zip(inputs, layouts, strict=True)]
+
+
+def as_logical(inputs: Sequence[np.ndarray], layouts: Sequence[str]) -> list[np.ndarray]:
+    """Stored arrays back at their logical shapes (a view, no copy): what the reference
+    interpreter reads."""
+    return [np.swapaxes(x, -1, -2) if lay == "transposed" else x
+            for x, lay in zip(inputs, layouts, strict=True)]
+
+
 def reference(graph: KernelGraph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The float64 reference outputs of a concrete graph on (float32) inputs."""
     return [np.asarray(o, np.float64) for o in

@@ -26,7 +26,7 @@ from search.ir import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, Execution
-from ._check import Expected, random_inputs
+from ._check import Expected, as_logical, as_stored, input_layouts, random_inputs
 from ._compile import compile_cpp
 from ._isolate import IsolatedWorker, run_isolated
 from ._status import OK
@@ -120,8 +120,9 @@ class CpuDevice(Device):
                       timing: Mapping | None = None, worker: IsolatedWorker | None = None,
                       timeout_s: float = 600.0) -> float | None:
         """Timed in the isolated worker: its numpy threads follow the worker's environment."""
+        xs = as_stored(random_inputs(reference, seed), input_layouts(reference))
         res = run_isolated({"call": "kernels.devices._cpu:baseline_job",
-                            "inputs": random_inputs(reference, seed), "env": self.worker_env(),
+                            "inputs": xs, "env": self.worker_env(),
                             "timing": {**TRIAL_TIMING, **(timing or {})},
                             "args": {"reference": to_obj(reference)}}, timeout_s, worker)
         return res.payload["timing"]["median_s"] if res.ok else None
@@ -132,9 +133,11 @@ class CpuDevice(Device):
 
 def baseline_job(inputs: list, expected: list, args: dict) -> dict:
     """Worker side: the reference graph (``args["reference"]``) run op by op with numpy on the
-    job's float32 inputs, timed with the job's ``timing``."""
+    job's float32 inputs (as stored: a transposed input is read through a view), timed with
+    the job's ``timing``."""
     graph = from_obj(args["reference"])
-    xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
+    xs = as_logical([np.ascontiguousarray(x, np.float32) for x in inputs],
+                    input_layouts(graph))
     arith = FloatArith()
     timing = measure(lambda: run(graph, xs, arith), **(args["timing"] or {}))
     return {"status": OK, "message": "", "timing": timing.as_dict()}
@@ -143,7 +146,8 @@ def baseline_job(inputs: list, expected: list, args: dict) -> dict:
 class CpuKernel:
     """A compiled plan called in this process through ctypes: ``kernel(*inputs, out=None)``.
 
-    Inputs and outputs are float32 C-contiguous arrays of the plan's shapes: numpy arrays,
+    Inputs and outputs are float32 C-contiguous arrays of the plan's shapes (an input of
+    layout "transposed" at its stored shape, ``Buffer.stored_shape``): numpy arrays,
     torch CPU tensors or anything with ``__dlpack__`` are used in place (no copy); anything
     else is converted.  Without ``out`` the outputs are new arrays (torch tensors when the first
     input is one).  The pointer arrays and the ctypes signature are built once, and arrays
@@ -157,7 +161,7 @@ class CpuKernel:
     def __init__(self, plan: KernelPlan, library: str | Path) -> None:
         self.plan = plan
         self.library = Path(library)
-        self._in_shapes = [tuple(b.shape) for b in plan.inputs]
+        self._in_shapes = [tuple(b.stored_shape) for b in plan.inputs]
         self._out_shapes = [tuple(b.shape) for b in plan.outputs]
         self._ins = (ctypes.c_void_p * max(1, len(self._in_shapes)))()
         self._outs = (ctypes.c_void_p * max(1, len(self._out_shapes)))()

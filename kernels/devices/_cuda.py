@@ -30,7 +30,7 @@ from search.ir import KernelGraph, from_obj, to_obj
 from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution
-from ._check import Expected, random_inputs
+from ._check import Expected, as_stored, input_layouts, random_inputs
 from ._isolate import IsolatedWorker, run_isolated
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR
 from ._storage import STORAGE, from_storage, to_storage
@@ -122,7 +122,8 @@ class CudaDevice(Device):
                       timeout_s: float = 600.0) -> float | None:
         dtype = reference.tensors[reference.input_ids[0]].dtype if reference.input_ids \
             else "float32"
-        xs = [from_storage(to_storage(x, dtype), dtype) for x in random_inputs(reference, seed)]
+        xs = [from_storage(to_storage(x, dtype), dtype) for x in
+              as_stored(random_inputs(reference, seed), input_layouts(reference))]
         res = run_isolated({"call": "kernels.devices._cuda:baseline_job", "inputs": xs,
                             "timing": {**TRIAL_TIMING, **(timing or {})},
                             "args": {"reference": to_obj(reference), "dtype": dtype,
@@ -317,5 +318,8 @@ def baseline_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dic
 
 
 def _time_reference(cp: Any, graph_obj: dict, xs: list, timing: dict) -> dict:
+    """The reference op by op on the kernel's (stored) inputs: transposed ones as views."""
     graph, arith = from_obj(graph_obj), cupy_arith(cp)
+    xs = [cp.swapaxes(x, -1, -2) if lay == "transposed" else x
+          for x, lay in zip(xs, input_layouts(graph), strict=True)]
     return measure(lambda: run(graph, xs, arith), clock=EventClock(cp), **timing).as_dict()

@@ -42,7 +42,12 @@ class LibraryKernel:
         self.graph, self.name = graph, name
         self.arith = arith if arith is not None else FloatArith()
         self.xp = xp
-        self._in_shapes = [tuple(int(d) for d in s) for s in graph.input_shapes()]
+        self._layouts = [graph.input_layout(t) for t in graph.input_ids]
+        # a transposed input is passed as stored (the compiled kernel's convention) and read
+        # back through a view
+        self._in_shapes = [(*s[:-2], s[-1], s[-2]) if lay == "transposed" else s for s, lay in
+                           zip([tuple(int(d) for d in s) for s in graph.input_shapes()],
+                               self._layouts, strict=True)]
         self._out_shapes = [tuple(int(d) for d in graph.tensors[t].shape)
                             for t in graph.output_ids]
 
@@ -53,6 +58,8 @@ class LibraryKernel:
                              f"got {len(inputs)}")
         xs = [self._array(x, s, i) for i, (x, s) in enumerate(
             zip(inputs, self._in_shapes, strict=True))]
+        xs = [self.xp.swapaxes(x, -1, -2) if lay == "transposed" else x
+              for x, lay in zip(xs, self._layouts, strict=True)]
         results = run(self.graph, xs, self.arith)
         if out is None:
             torch_like = type(inputs[0]).__module__ == "torch"

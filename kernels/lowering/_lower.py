@@ -124,9 +124,11 @@ def _globals(graph: KernelGraph, plan: KernelPlan, spec: DeviceSpec) -> None:
         if tid in outs:
             raise ShapeError(f"lower: input {t.name or tid} is also an output; copy it "
                              "with an op (e.g. mul_scalar 1.0) so a kernel produces it")
+        layout = graph.input_layout(tid)
         plan.globals[_gname(graph, tid, "in")] = Buffer(
             _gname(graph, tid, "in"), tuple(t.shape), Level.GLOBAL, "input", io_dtype,
-            io_index=k, doc="program input")
+            io_index=k, doc="program input" + (f" ({layout}: read through its strides)"
+                                               if layout != "row" else ""), layout=layout)
     for k, tid in enumerate(outs):
         t = graph.tensors[tid]
         plan.globals[_gname(graph, tid, "out")] = Buffer(
@@ -213,7 +215,7 @@ def lower_block(bg: BlockGraph, name: str, what: str, ins: list[Buffer], outs: l
     homes: dict[str, Home] = {}
     for op in bg.ops_of("input"):
         v, buf = f"t{op.outputs[0]}", ins[op.attrs["index"]]
-        st = dense_strides(buf.shape)
+        st = buf.strides  # a transposed input: its tiles are read through swapped strides
         block, it = _tile_offsets(buf.shape, shapes[v], op.attrs["imap"], op.attrs["fmap"], st)
         views.append(View(f"{buf.name}_{v}", buf.name, block, it if f > 1 else 0))
         homes[v] = Home(views[-1].name, st)

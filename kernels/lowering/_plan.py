@@ -44,6 +44,29 @@ class Buffer:
     chunk: int = 0  # split kernels: columns held per work item (0: whole rows)
     live: tuple[int, int] = (0, 0)  # regional: first and last loop (kernel-wide index)
     doc: str = ""
+    # program inputs: "transposed" when memory holds the contiguous transpose of the last two
+    # dims of ``shape`` (which stays the logical shape); read through ``strides``, no copy
+    layout: str = "row"
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The shape of the array in memory (what a caller passes for this buffer)."""
+        if self.layout == "transposed":
+            return (*self.shape[:-2], self.shape[-1], self.shape[-2])
+        return self.shape
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Elements between neighbours along each logical dim: row-major over
+        ``stored_shape``, with the last two swapped back for a transposed input."""
+        out, s = [], 1
+        for d in reversed(self.stored_shape):
+            out.append(s)
+            s *= d
+        st = tuple(reversed(out))
+        if self.layout == "transposed":
+            return (*st[:-2], st[-1], st[-2])
+        return st
 
     @property
     def elems(self) -> int:

@@ -16,7 +16,8 @@ from .lang import Program
 
 def _start(program: Program) -> tuple[KernelGraph, dict[str, Tensor]]:
     g = KernelGraph()
-    return g, {n: g.new_input(s, program.dtype, n) for n, s in program.inputs.items()}
+    return g, {n: g.new_input(s, program.dtype, n, layout=program.layouts.get(n, "row"))
+               for n, s in program.inputs.items()}
 
 
 def _finish(g: KernelGraph, bg: BlockGraph) -> KernelGraph:
