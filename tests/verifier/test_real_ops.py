@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from search import KernelGraph, new_kernel_graph, parse_program
+from search import KernelGraph, parse_program
 from verifier import FieldArith, FloatArith, equivalent, run
 
 
