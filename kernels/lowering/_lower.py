@@ -297,7 +297,7 @@ def lower_block(bg: BlockGraph, name: str, what: str, ins: list[Buffer], outs: l
                           notes=kernel.notes) for p, ph in enumerate(phases)]
     for k in kernels:
         schedule(k, plan, spec, knobs)
-        shift_exponentials(k)
+        shift_exponentials(k, limit if spec.kind != "cpu" else None)
     return kernels
 
 

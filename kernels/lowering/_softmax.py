@@ -12,21 +12,32 @@ float32 sums cannot overflow on real-scale logits.
 Across a for-loop the max is a running one (FlashAttention's online softmax): each iteration
 takes m' = max(m, rowmax(s)), uses exp(s - m') and multiplies every accumulator fed by e by
 exp(m - m') before adding.  The rule only marks the plan: ``Let.attrs["shift"]`` on the exp
-(the name of its running max) and ``Store.scale`` on the accumulating stores; a dialect prints
-them (the Triton dialect does; the C-style dialects print the plain form).
+(the name of its running max) and ``Store.scale`` on the accumulating stores; every dialect
+prints them.  Triton keeps the running max of each row in a register tile; the C-style
+dialects (C++, CUDA), whose loops walk rows one thread group at a time, get two per-row
+buffers in the block's shared memory (``attrs["rows"]``: the running max and its rescaling
+factor, which later loops of the same rows read), and print the plain form where those do not
+fit the shared-memory budget or where a scaled store's loop walks other rows.
+
+A multiplicative 0/1 mask applied after the exp (``exp(s) * M``, a causal or padding mask)
+keeps the identity exact: M·e^(s−c) / Σ M·e^(s−c) = M·e^s / Σ M·e^s; a fully masked row is 0/0
+with or without the shift.
 """
 
 from __future__ import annotations
 
-from ._plan import Kernel, Let, Loop, Store
+from ._plan import Buffer, Kernel, Let, Level, Loop, Store, View
+
+ALIGN = 16  # bytes, as shared-memory planning aligns buffers
 
 
 def _stmts(lp: Loop) -> list:
     return [*lp.hoisted, *lp.col, *lp.row]
 
 
-def shift_exponentials(k: Kernel) -> None:
-    """Mark each exp of ``k`` that may be shifted by its row max (see the module docstring)."""
+def shift_exponentials(k: Kernel, smem_limit: int | None = None) -> None:
+    """Mark each exp of ``k`` that may be shifted by its row max (see the module docstring);
+    ``smem_limit``: the shared-memory budget the per-row buffers must fit (None: any)."""
     if len(k.phases) != 1:
         return
     loops = k.phases[0].loops
@@ -35,6 +46,33 @@ def shift_exponentials(k: Kernel) -> None:
         for st in lp.col:
             if isinstance(st, Let) and st.op == "exp":
                 _try_shift(k, loops, li, st, view_buf)
+                if st.attrs.get("shift") and not st.attrs.get("local"):
+                    _row_buffers(k, loops, lp, st, smem_limit)
+
+
+def _row_buffers(k: Kernel, loops: list[Loop], lp: Loop, exp: Let,
+                 smem_limit: int | None) -> None:
+    """Shared-memory rows for a running max the C-style dialects keep across loops: the max
+    and exp(m_old − m_new) of each of the exp loop's rows; only when every scaled store walks
+    the same rows and the two fit the budget."""
+    name = exp.attrs["shift"]
+    for other in loops:
+        for st in _stmts(other):
+            if isinstance(st, Store) and st.scale == name and \
+                    other.shape[:-1] != lp.shape[:-1]:
+                return
+    nbytes = -(-4 * lp.rows // ALIGN) * ALIGN
+    first = -(-k.smem_bytes // ALIGN) * ALIGN
+    if smem_limit is not None and first + 2 * nbytes > smem_limit:
+        return
+    names = (f"{name}_rowmax", f"{name}_rowalpha")
+    for i, n in enumerate(names):
+        k.buffers[n] = Buffer(n, (lp.rows,), Level.REGIONAL, "scratch", offset=first + i * nbytes,
+                              live=(0, len(loops)), doc=f"per-row running max of {exp.var} "
+                              "and its rescaling factor (_softmax)")
+        k.views.append(View(n, n))
+    k.smem_bytes = first + 2 * nbytes
+    exp.attrs["rows"] = names
 
 
 def _try_shift(k: Kernel, loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:

@@ -14,6 +14,8 @@ import math
 
 from kernels.lowering import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Store, View
 
+from ._cshift import argument_chain, honoured, max_pass, scaled
+
 UNARY = {"exp": "exp_f({a})", "sqrt": "sqrtf({a})", "square": "({a} * {a})",
          "relu": "fmaxf({a}, 0.0f)", "sigmoid": "sigmoid_f({a})",
          "silu": "({a} * sigmoid_f({a}))", "gelu": "gelu_f({a})", "neg": "(-{a})",
@@ -87,6 +89,11 @@ class CStyle:
             raise NotImplementedError(f"{self.name}: cannot combine {lanes} lanes")
         return []
 
+    def group_max(self, var: str, lanes: int) -> list[str]:
+        if lanes > 1:
+            raise NotImplementedError(f"{self.name}: cannot combine {lanes} lanes")
+        return []
+
     def col_pragma(self, lp: Loop | None, accs: list[str]) -> list[str]:
         return []
 
@@ -127,6 +134,8 @@ class CStyle:
         self._mm_rows: set[str] = set()
         self._mm_index: dict[str, str] = {}
         self._rcp: dict[str, str] = {}
+        self._shifts = honoured(k, m.split)  # softmax's max subtraction (_cshift)
+        self._alpha_here: set[str] = set()
         body: list[str] = []
         for p, phase in enumerate(k.phases):
             if p:
@@ -161,7 +170,7 @@ class CStyle:
                 f" = {base}{' + ' + offset if offset else ''};")
 
     def _work_item(self, k: Kernel, loops: list[Loop]) -> list[str]:
-        used = self._views_used(loops)
+        used = self._views_used(loops) | {n for b in self._shifts.values() if b for n in b}
         views = [v for v in k.views if v.name in used]
         coords = {g for v in views for g, s in enumerate(v.block) if s}
         g0, g1, _ = k.grid
@@ -214,7 +223,9 @@ class CStyle:
             terms = [self._read(x, coords, _mul(q, x.red)) for x in st.access]
             return [f"float {st.var} = 0.0f;",
                     f"for (int {q} = 0; {q} < {n}; ++{q}) {st.var} += {' * '.join(terms)};"]
-        if st.op == "div" and a[1] in self._rcp:
+        if st.op == "exp" and st.attrs.get("shift") in self._shifts:
+            expr = UNARY["exp"].format(a=f"({a[0]} - {st.attrs['shift']})")
+        elif st.op == "div" and a[1] in self._rcp:
             expr = f"({a[0]} * {self._rcp[a[1]]})"
         elif st.op in BINARY:
             expr = f"({a[0]} {BINARY[st.op]} {a[1]})"
@@ -229,7 +240,8 @@ class CStyle:
     def _store(self, st: Store, coords: list[str], guards: list[str]) -> list[str]:
         b = self.buffer(self._k, self._plan, self._view_buffer(st.access.view))
         ref = f"{st.access.view}[{self._index(st.access, coords)}]"
-        value = f"(it == 0 ? {st.var} : {ref} + {st.var})" if st.accumulate else st.var
+        value = scaled(st, ref, self._shifts, self._alpha_here) or (
+            f"(it == 0 ? {st.var} : {ref} + {st.var})" if st.accumulate else st.var)
         line = f"{ref} = {self.convert(value, b.dtype)};"
         conds = [*guards, *([st.guard] if st.guard else [])]
         return [f"if ({' && '.join(conds)}) {line}" if conds else line]
@@ -336,6 +348,15 @@ class CStyle:
                 if isinstance(st, Let) and st.op == "matmul":
                     row += self._matmul_row(st, coords, (start, end, step), width)
                     self._mm_rows.add(st.var)
+        self._alpha_here = set()
+        for st in lp.col:  # softmax: each shifted exp's row max first
+            if isinstance(st, Let) and st.op == "exp" and st.attrs.get("shift") in self._shifts:
+                m = st.attrs["shift"]
+                lets = self._stmts(argument_chain(lp, st), coords, guards)
+                row += max_pass(lets, st, (start, end, step), self.group_max(f"mx_{m}", lanes),
+                                guards + (["lane == 0"] if lanes > 1 else []),
+                                self._shifts[m])
+                self._alpha_here.add(m)
         cols = self._stmts(lp.col, coords, guards)
         sums = [(a, red.src, f"  // {red.comment}" if red.comment else "")
                 for a, red in zip(accs, lp.reductions, strict=True)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kernels.lowering import Kernel, KernelPlan
 
+from ._cshift import GROUP_MAX
 from ._cstyle import CStyle
 
 GROUP_SUM = """template <int L> __device__ __forceinline__ float group_sum(float v, float* red) {
@@ -53,7 +54,7 @@ class CudaDialect(CStyle):
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
         lines = ["#include <cuda_fp16.h>", "#include <cuda_bf16.h>",
                  f"{self.fn_prefix} float exp_f(float x) {{ return expf(x); }}",
-                 *super().prelude(plans), GROUP_SUM]
+                 *super().prelude(plans), GROUP_SUM, GROUP_MAX]
         return lines + ([GRID_BARRIER] if any(p.barriers for p in plans) else [])
 
     def ctype(self, dtype: str) -> str:
@@ -94,6 +95,12 @@ class CudaDialect(CStyle):
             return []
         red = "red" if "red" in self._k.buffers else "nullptr"
         return [f"{var} = group_sum<{lanes}>({var}, {red});"]
+
+    def group_max(self, var: str, lanes: int) -> list[str]:
+        if lanes == 1:
+            return []
+        red = "red" if "red" in self._k.buffers else "nullptr"
+        return [f"{var} = group_max<{lanes}>({var}, {red});"]
 
     def entry(self, plan: KernelPlan) -> list[str]:
         lines = [f"// launches, in order (workspace: {plan.workspace_floats} floats; bar: "

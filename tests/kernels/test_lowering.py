@@ -383,9 +383,18 @@ class ThreadedCpp(CppDialect):
                 f"{{ float t = 0.0f; for (int q = 0; q < {lanes}; ++q) t += xch[{first} + q]; "
                 f"{var} = t; }}", "#pragma omp barrier"]
 
+    def group_max(self, var, lanes):
+        if lanes == 1:
+            return []
+        first = f"(tid / {lanes}) * {lanes}"
+        return ["#pragma omp barrier", f"xch[tid] = {var};", "#pragma omp barrier",
+                f"{{ float t = xch[{first}]; for (int q = 1; q < {lanes}; ++q) "
+                f"t = fmaxf(t, xch[{first} + q]); {var} = t; }}", "#pragma omp barrier"]
+
 
 EMULATED = [
     ("gqa", {}, {"g0": 2, "g1": 2, "F": 2, "block": 64}),
+    ("mha", {}, {"g0": 2, "g1": 1, "F": 2, "block": 64}),  # a running max across loops
     ("lora", {}, {"g0": 2, "F": 2, "block": 64}),
     ("qknorm_gqa", {}, {"g0": 1, "g1": 2, "F": 4, "block": 32}),
     ("softmax_rows", {"X": "6x16"}, {"g0": 1, "block": 64, "lanes": 16}),  # 6 rows, 4 groups
