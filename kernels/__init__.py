@@ -34,6 +34,7 @@ _EXPORTS = {
     "Timing": "devices", "measure": "devices", "compile_cpp": "devices",
     "CompileError": "devices", "nvcc_check": "devices", "nvcc_available": "devices",
     "random_inputs": "devices", "tolerance": "devices", "thread_env": "devices",
+    "as_stored": "devices", "as_logical": "devices",
     "LibraryKernel": "devices", "library_kernel": "devices", "library_source": "devices",
     "LIBRARY": "devices", "TritonInterpreter": "devices",
     # the device table

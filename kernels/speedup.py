@@ -16,7 +16,15 @@ import numpy as np
 
 from search.ir import DTYPE_BYTES, KernelGraph, Program, handwritten
 
-from .devices import RUNTIME_ERROR, Device, IsolatedWorker, get_device, random_inputs
+from .devices import (
+    RUNTIME_ERROR,
+    Device,
+    IsolatedWorker,
+    as_stored,
+    get_device,
+    input_layouts,
+    random_inputs,
+)
 
 DEFAULT_TIMING = {"warmup": 2, "min_repeats": 7, "budget_s": 1.0, "target_rse": 0.02}
 
@@ -54,7 +62,7 @@ def measure_program(program: Program, structure: KernelGraph | None = None,
     structure = structure if structure is not None else handwritten(program)
     timing = {**DEFAULT_TIMING, **(timing or {})}
     ref = program.build()
-    inputs = random_inputs(ref, seed)
+    inputs = as_stored(random_inputs(ref, seed), input_layouts(ref))
     res = dev.build(structure, config, reference=ref, name=program.name, seed=seed,
                     timing=dict(timing), worker=worker, inputs=inputs, baseline=ref)
     out = Measurement(program.name, res.status, res.message, kernels=len(res.plan.kernels),

@@ -29,6 +29,8 @@ _EXPORTS = {
     "LIBRARY": "_library",
     "FaultDrill": "_faults", "FAULT_ENV": "_faults",
     "Expected": "_check", "expected": "_check", "random_inputs": "_check",
+    "input_roles": "_check", "input_layouts": "_check", "as_stored": "_check",
+    "as_logical": "_check",
     "reference": "_check", "tolerance": "_check", "TOLERANCE": "_check",
     "compile_cpp": "_compile", "CompileError": "_compile", "nvcc_check": "_compile",
     "nvcc_available": "_compile", "find_nvcc": "_compile", "NvccReport": "_compile",

@@ -2,7 +2,9 @@
 
 A kernel's outputs are compared with the float64 reference interpreter (``verifier.run`` over
 ``FloatArith``) run on the *program's* reference graph — never the structure the kernel came
-from, so a structure or a config can never be wrong in the same way as its check.  The
+from, so a structure or a config can never be wrong in the same way as its check.  Check inputs
+are at the scale of real data (``random_inputs``: activations N(0, 1), weights N(0, 1/fan_in)),
+in the dtype the device stores.  The
 tolerance follows the dtype the device computes in, and the absolute tolerance grows with the
 largest output, so long reductions are judged fairly.
 """
@@ -35,11 +37,52 @@ def tolerance(dtype: str) -> tuple[float, float]:
             from None
 
 
+def input_roles(graph: KernelGraph) -> list[str]:
+    """How each program input is used, which sets the scale of its check values: "weight"
+    (the right operand of a matmul), "divisor" (a divisor, or under sqrt / rsqrt) or
+    "activation".  Block graphs of a structure are looked into (a tile read straight from a
+    kernel input counts for that input)."""
+    roles = {t: "activation" for t in graph.input_ids}
+
+    def mark(tid: int | None, role: str) -> None:
+        if tid in roles and roles[tid] == "activation":
+            roles[tid] = role
+
+    def walk(g, source) -> None:
+        for op in g.ops:
+            if op.kind == "graph_kernel":
+                bg = op.attrs["block_graph"]
+                tiles = {o.outputs[0]: source(op.inputs[o.attrs["index"]])
+                         for o in bg.ops_of("input")}
+                walk(bg, tiles.get)
+            elif op.kind == "matmul":
+                mark(source(op.inputs[1]), "weight")
+            elif op.kind == "div":
+                mark(source(op.inputs[1]), "divisor")
+            elif op.kind in ("sqrt", "rsqrt"):
+                mark(source(op.inputs[0]), "divisor")
+
+    walk(graph, lambda t: t)
+    return [roles[t] for t in graph.input_ids]
+
+
 def random_inputs(graph: KernelGraph, seed: int = 0) -> list[np.ndarray]:
-    """float32 inputs like the verifier's: magnitude in [0.5, 1.5], random sign."""
+    """float32 check inputs at the scale of real data, at logical shapes: activations
+    N(0, 1); weights (right operands of a matmul) N(0, 1/K) with K their fan-in (the dim the
+    matmul contracts), so a product has unit scale as in a trained layer; divisors (and what
+    a sqrt reads) 0.5 + |N(0, 1)|, as a variance is, so the reference never divides by ~0.
+    A transposed input is drawn at its logical shape too (``as_stored`` gives its memory)."""
     rng = np.random.default_rng(seed)
-    shapes = [tuple(graph.tensors[t].shape) for t in graph.input_ids]
-    return [a[0].astype(np.float32) for a in FloatArith().random_inputs(shapes, 1, rng)]
+    out = []
+    for t, role in zip(graph.input_ids, input_roles(graph), strict=True):
+        shape = tuple(int(d) for d in graph.tensors[t].shape)
+        x = rng.standard_normal(shape)
+        if role == "weight":
+            x /= np.sqrt(shape[-2])
+        elif role == "divisor":
+            x = 0.5 + np.abs(x)
+        out.append(x.astype(np.float32))
+    return out
 
 
 def input_layouts(graph: KernelGraph) -> list[str]:

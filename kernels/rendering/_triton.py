@@ -76,9 +76,10 @@ class TritonDialect(TileMath):
         out = ["def launch(inputs, outputs, ws):",
                '    """Run the plan\'s kernels in order (asynchronous on a GPU)."""']
         for k in plan.kernels:
-            args = ", ".join(_param_arg(plan.globals[p]) for p in k.params)
+            # a kernel between two others may take no program tensor, only the workspace
+            args = ", ".join([*(_param_arg(plan.globals[p]) for p in k.params), "ws"])
             warps = max(1, k.mapping.threads // 32)
-            out.append(f"    {k.name}[({k.vblocks},)]({args}, ws, num_warps={warps}{opts})")
+            out.append(f"    {k.name}[({k.vblocks},)]({args}, num_warps={warps}{opts})")
         return out + [""]
 
     # ---------------------------------------------------------------- one kernel
