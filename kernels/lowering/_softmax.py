@@ -125,16 +125,32 @@ def _try_shift(k: Kernel, loops: list[Loop], li: int, exp: Let, view_buf: dict) 
         st.scale = name
 
 
+def _factor(st, e_names: set[str], d_names: set[str]) -> bool:
+    """``st`` multiplies an e-linear value by a factor not computed from e or its sums (a 0/1
+    mask): the product is still linear in e and carries the same shift."""
+    if not isinstance(st, Let) or st.op != "mul" or st.access:
+        return False
+    inside = [a in e_names for a in st.args]
+    return sum(inside) == 1 and not any(a in d_names for a in st.args)
+
+
 def _try_local(loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
     """Within one pass (no for-loop carrying the sums): e = exp(s) whose only uses are its
-    row sum d and the quotient e / d (directly or through tiles kept for a later loop) may be
-    shifted by the row max of this pass; each such quotient is marked as lying in [0, 1]
-    (``attrs["unit"]``): a tensor-core operand in half precision cannot overflow."""
+    row sum d and the quotient e / d (directly, through tiles kept for a later loop, or
+    multiplied by a factor independent of e such as a 0/1 mask, for the numerator and the sum
+    alike) may be shifted by the row max of this pass; each quotient of an unmultiplied e is
+    marked as lying in [0, 1] (``attrs["unit"]``): a tensor-core operand in half precision
+    cannot overflow."""
     lp = loops[li]
-    sums = [red.dst for red in lp.reductions if red.src == exp.var]
+    linear = {exp.var}
+    for st in lp.col:
+        if _factor(st, linear, set()):
+            linear.add(st.var)
+    sums = [red.dst for red in lp.reductions if red.src in linear]
     if len(sums) != 1:
         return
     e_names, d_names = {exp.var}, {sums[0]}
+    factored: set[str] = set()  # e-linear values that went through a factor: not in [0, 1]
     e_bufs: set[str] = set()
     d_bufs: set[str] = set()
     quotients: list[Let] = []
@@ -147,6 +163,8 @@ def _try_local(loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
                     if st.accumulate:
                         return
                     e_bufs.add(view_buf[st.access.view])
+                    if st.var in factored:
+                        factored.add(view_buf[st.access.view])
                 elif st.var in d_names:
                     if st.accumulate:
                         return
@@ -156,8 +174,13 @@ def _try_local(loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
                 continue
             if st.op == "load" and view_buf[st.access[0].view] in e_bufs:
                 e_names.add(st.var)
+                if view_buf[st.access[0].view] in factored:
+                    factored.add(st.var)
             elif st.op == "load" and view_buf[st.access[0].view] in d_bufs:
                 d_names.add(st.var)
+            elif _factor(st, e_names, d_names):
+                e_names.add(st.var)
+                factored.add(st.var)
             elif st.op == "div" and st.args[0] in e_names and st.args[1] in d_names:
                 quotients.append(st)
             elif any(a in e_names | d_names for a in st.args) or any(
@@ -171,7 +194,8 @@ def _try_local(loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
     exp.attrs["shift"] = f"m_{exp.var}"
     exp.attrs["local"] = True
     for st in quotients:
-        st.attrs["unit"] = True
+        if st.args[0] not in factored:
+            st.attrs["unit"] = True
 
 
 def _only_ratios(k: Kernel, loops: list[Loop], scaled: list[Store], view_buf: dict) -> bool:

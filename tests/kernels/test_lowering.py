@@ -90,7 +90,10 @@ def test_wrong_kernel_is_reported_as_wrong_result(worker):
     g = structure("softmax_rows")
     bound, _, _ = concretize(g, {"g0": 2}, get_spec("cpu"))
     plan = lower(g, {"g0": 2}, "cpu", "sm")
-    broken = render(plan, "cpp").replace("exp_f(v_t0)", "exp_f(v_t0 * 1.01f)")
+    source = render(plan, "cpp")
+    exp = "exp_f((v_t0 - m_v_t1))"  # shifted by its row max (kernels/rendering/_cshift.py)
+    assert exp in source
+    broken = source.replace(exp, "exp_f((v_t0 - m_v_t1) * 1.01f)")
     res = check_plan(plan, bound, source=broken, worker=worker)
     assert res.status == "wrong_result" and "out of tolerance" in res.message
 

@@ -1,0 +1,131 @@
+"""Numerics on real data: softmax (exp / sum / div, with and without a 0/1 mask multiplied after
+the exp, the form a causal mask takes) on attention-scale logits up to |30|, in float32,
+float16 and bfloat16, fused into one kernel and run on the cpu (C++) and the Triton
+interpreter: finite and equal to a max-subtracted float64 softmax.  And the check inputs
+themselves: activations N(0, 1), weights N(0, 1/fan_in)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cluster import LocalExecutor, search_program
+from kernels import IsolatedWorker, get_device
+from kernels.devices import input_roles, random_inputs, tolerance
+from search import Limits, parse_program
+
+ROWS, COLS = 16, 256
+SOFTMAX = """name: softmax{tag}
+dtype: {dtype}
+inputs:
+  X: [{rows}, {cols}]{mask_input}
+body: |
+  E = exp(X){mask}
+  O = E / sum(E, -1)
+outputs: [O]
+"""
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _program(dtype: str, masked: bool):
+    return parse_program(SOFTMAX.format(
+        tag="_masked" if masked else "", dtype=dtype, rows=ROWS, cols=COLS,
+        mask_input=f"\n  M: [{ROWS}, {COLS}]" if masked else "",
+        mask=" * M" if masked else ""))
+
+
+def _logits(seed: int = 0) -> list[np.ndarray]:
+    """Logits N(0, 1) scaled so the largest |x| is 30, and a causal-style 0/1 mask (row i keeps
+    the first COLS - ROWS + i + 1 columns, so every row keeps some)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((ROWS, COLS))
+    x *= 30.0 / np.abs(x).max()
+    mask = (np.arange(COLS)[None, :] <= np.arange(ROWS)[:, None] + COLS - ROWS).astype(float)
+    return [x.astype(np.float32), mask.astype(np.float32)]
+
+
+def _softmax(x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    if mask is not None:
+        e = e * mask
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with IsolatedWorker() as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def fused():
+    """(dtype, masked) -> a verified single-kernel structure of the softmax program."""
+    out = {}
+    for dtype in DTYPES:
+        for masked in (False, True):
+            result = search_program(_program(dtype, masked), Limits(max_block_ops=6),
+                                    executor=LocalExecutor(), time_limit_s=60)
+            one = [s for s in result.verified.values()
+                   if [op.kind for op in s.ops if op.kind not in ("input", "output")]
+                   == ["graph_kernel"]]
+            assert one, (dtype, masked)
+            out[dtype, masked] = min(one, key=lambda s: len(s.block_graphs()[0].ops))
+    return out
+
+
+def _devices():
+    devices = [get_device("cpu")]
+    try:
+        from kernels.devices import TritonInterpreter
+
+        devices.append(TritonInterpreter("H100"))
+    except Exception:  # noqa: BLE001 - no Triton (or torch) here: the cpu still runs
+        pass
+    return devices
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_on_logits_of_30_is_finite_and_correct(dtype, masked, fused, worker):
+    program = _program(dtype, masked)
+    xs = _logits()[:2 if masked else 1]
+    assert 29.9 < np.abs(xs[0]).max() <= 30.0
+    for dev in _devices():
+        plan = dev.lower(fused[dtype, masked], None, "sm")
+        shifted = [st for k in plan.kernels for ph in k.phases for lp in ph.loops
+                   for st in lp.col if getattr(st, "op", "") == "exp"]
+        assert shifted and all(st.attrs.get("shift") for st in shifted), \
+            "softmax is lowered with its row max subtracted"
+        res = dev.check(plan, program.build(), inputs=xs, worker=worker)
+        assert res.ok, (dev.kind, res.message)
+        (out,) = res.outputs
+        assert np.isfinite(out).all(), dev.kind
+        stored = dev.stored(plan, xs)  # the logits as the device holds them (rounded)
+        want = _softmax(stored[0], stored[1] if masked else None)
+        rtol, atol = tolerance(dev.compute_dtype(plan))
+        np.testing.assert_allclose(out, want, rtol=rtol, atol=max(atol, 1e-6))
+        if masked:
+            assert (out[xs[1] == 0] == 0).all()
+
+
+def test_check_inputs_are_at_the_scale_of_real_data():
+    program = parse_program("""name: mlp
+dtype: float16
+inputs:
+  X: [64, 1024]
+  W: [1024, 512]
+  V: {shape: [512, 256], layout: transposed}
+  S: [64, 1]
+body: |
+  O = matmul(matmul(X, W), V) / S
+outputs: [O]
+""")
+    g = program.build()
+    assert input_roles(g) == ["activation", "weight", "weight", "divisor"]
+    x, w, v, s = random_inputs(g, seed=0)
+    assert abs(x.std() - 1) < 0.02 and abs(x.mean()) < 0.02
+    assert abs(w.std() * np.sqrt(1024) - 1) < 0.05  # N(0, 1/fan_in): fan_in is K = 1024
+    assert abs(v.std() * np.sqrt(512) - 1) < 0.05
+    assert s.min() >= 0.5
+    assert abs((x @ w).std() - 1) < 0.05  # a layer keeps unit scale, as trained ones do
