@@ -166,3 +166,38 @@ def _obj(g: KernelGraph) -> dict:
     obj = to_obj(g)
     obj.pop("format")
     return obj
+
+
+def test_real_blocks_compile_for_sm_90(searched):
+    """CUDA-C through nvcc and the Triton dialect through triton.compile, both for sm_90:
+    the norms, the transposed Linear weight and a masked softmax (its max pass and group_max)."""
+    from kernels import lower, nvcc_available, nvcc_check, render
+
+    masked = parse_program("""name: masked
+dtype: float16
+inputs:
+  X: [16, 256]
+  M: [16, 256]
+body: |
+  E = exp(X) * M
+  O = E / sum(E, -1)
+outputs: [O]
+""")
+    result = search_program(masked, Limits(max_block_ops=6), executor=LocalExecutor(),
+                            time_limit_s=60)
+    fused = [s for s in result.verified.values() if _kernels(s) == ["graph_kernel"]]
+    structures = {**{n: s for n, (_, s) in searched.items()}, "masked": fused[0]}
+    if nvcc_available():
+        plans = [lower(s, None, "H100", f"real_{n}") for n, s in structures.items()]
+        source = render(plans, "cuda")
+        assert "group_max<" in source
+        report = nvcc_check(source, "sm_90")
+        for plan in plans:
+            for k in plan.kernels:
+                assert not report.kernel(k.name).spills, k.name
+    pytest.importorskip("triton", reason="Triton is not installed (the cuda extra)")
+    from kernels.devices import compile_plan
+
+    for n, s in structures.items():
+        plan = lower(s, {"triton": 1}, "H100", f"real_{n}")
+        assert compile_plan(plan, render(plan), 90), n
