@@ -82,12 +82,18 @@ def _try_shift(k: Kernel, loops: list[Loop], li: int, exp: Let, view_buf: dict) 
         _try_local(loops, li, exp, view_buf)
         return
     scaled: list[Store] = []
-    sums = {red.dst for red in lp.reductions if red.src == e}
+    linear = {e}  # e, and e times factors independent of it (a 0/1 mask)
+    factors: list[Let] = []
+    for st in lp.col:
+        if _factor(st, linear, set()):
+            linear.add(st.var)
+            factors.append(st)
+    sums = {red.dst for red in lp.reductions if red.src in linear}
     if not sums:
         return  # not normalised by its own row sum
     kept: set[str] = set()  # tile buffers e is kept in for a later loop
     for st in _stmts(lp):
-        if isinstance(st, Store) and st.var == e:
+        if isinstance(st, Store) and st.var in linear:
             if st.accumulate:
                 return
             kept.add(view_buf[st.access.view])
@@ -95,11 +101,12 @@ def _try_shift(k: Kernel, loops: list[Loop], li: int, exp: Let, view_buf: dict) 
             if not st.accumulate:
                 return
             scaled.append(st)
-        elif isinstance(st, Let) and e in st.args and st is not exp:
+        elif isinstance(st, Let) and any(a in linear for a in st.args) and st is not exp \
+                and not any(st is f for f in factors):
             return  # another use of e (not linear through a sum)
         elif isinstance(st, Let) and st.op == "matmul" and view_buf[st.access[0].view] in kept:
             return
-    if any(red.src == e for red in lp.reductions) and len(sums) != len(scaled):
+    if any(red.src in linear for red in lp.reductions) and len(sums) != len(scaled):
         return  # a row sum of e used within the iteration, unaccumulated
     # matmuls reading a kept tile of e as their left operand, each accumulated
     for later in loops[li + 1:]:
@@ -136,9 +143,10 @@ def _factor(st, e_names: set[str], d_names: set[str]) -> bool:
 
 def _try_local(loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
     """Within one pass (no for-loop carrying the sums): e = exp(s) whose only uses are its
-    row sum d and the quotient e / d (directly, through tiles kept for a later loop, or
-    multiplied by a factor independent of e such as a 0/1 mask, for the numerator and the sum
-    alike) may be shifted by the row max of this pass; each quotient of an unmultiplied e is
+    row sum d and the quotient e / d (directly, through tiles kept for a later loop, multiplied
+    by a factor independent of e such as a 0/1 mask, for the numerator and the sum alike, or
+    as the left operand of a matmul: attention's Σ_j e_j·V_j / d) may be shifted by the row
+    max of this pass; each quotient of an unmultiplied e is
     marked as lying in [0, 1] (``attrs["unit"]``): a tensor-core operand in half precision
     cannot overflow."""
     lp = loops[li]
@@ -178,8 +186,10 @@ def _try_local(loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
                     factored.add(st.var)
             elif st.op == "load" and view_buf[st.access[0].view] in d_bufs:
                 d_names.add(st.var)
-            elif _factor(st, e_names, d_names):
-                e_names.add(st.var)
+            elif _factor(st, e_names, d_names) or (
+                    st.op == "matmul" and view_buf[st.access[0].view] in e_bufs and
+                    not any(view_buf[a.view] in e_bufs | d_bufs for a in st.access[1:])):
+                e_names.add(st.var)  # e·M, or Σ_j e_j·V_j (attention): linear in e
                 factored.add(st.var)
             elif st.op == "div" and st.args[0] in e_names and st.args[1] in d_names:
                 quotients.append(st)

@@ -12,7 +12,7 @@ import pytest
 from cluster import LocalExecutor, search_program
 from kernels import IsolatedWorker, get_device
 from kernels.devices import input_roles, random_inputs, tolerance
-from search import Limits, parse_program
+from search import Limits, from_json, parse_program, to_json
 
 ROWS, COLS = 16, 256
 SOFTMAX = """name: softmax{tag}
@@ -62,15 +62,16 @@ def worker():
 def fused():
     """(dtype, masked) -> a verified single-kernel structure of the softmax program."""
     out = {}
-    for dtype in DTYPES:
-        for masked in (False, True):
-            result = search_program(_program(dtype, masked), Limits(max_block_ops=6),
-                                    executor=LocalExecutor(), time_limit_s=60)
-            one = [s for s in result.verified.values()
-                   if [op.kind for op in s.ops if op.kind not in ("input", "output")]
-                   == ["graph_kernel"]]
-            assert one, (dtype, masked)
-            out[dtype, masked] = min(one, key=lambda s: len(s.block_graphs()[0].ops))
+    for masked in (False, True):  # searched once, then the same structure in each dtype
+        result = search_program(_program("float32", masked), Limits(max_block_ops=6),
+                                executor=LocalExecutor(), time_limit_s=60)
+        one = [s for s in result.verified.values()
+               if [op.kind for op in s.ops if op.kind not in ("input", "output")]
+               == ["graph_kernel"]]
+        assert one, masked
+        text = to_json(min(one, key=lambda s: len(s.block_graphs()[0].ops)))
+        for dtype in DTYPES:
+            out[dtype, masked] = from_json(text.replace('"float32"', f'"{dtype}"'))
     return out
 
 
@@ -129,3 +130,54 @@ outputs: [O]
     assert abs(v.std() * np.sqrt(512) - 1) < 0.05
     assert s.min() >= 0.5
     assert abs((x @ w).std() - 1) < 0.05  # a layer keeps unit scale, as trained ones do
+
+
+ATTENTION = """name: attention_masked
+dtype: {dtype}
+inputs:
+  Q: [2, 16, 32]
+  K: [2, 32, 256]
+  V: [2, 256, 32]
+  M: [2, 16, 256]
+body: |
+  E = exp(matmul(Q, K)) * M
+  O = matmul(E / sum(E, 2), V)
+outputs: [O]
+"""
+
+
+@pytest.fixture(scope="module")
+def attention():
+    """A verified single-kernel structure of the masked attention program (float16)."""
+    result = search_program(parse_program(ATTENTION.format(dtype="float16")),
+                            Limits(max_block_ops=8), executor=LocalExecutor(), time_limit_s=90)
+    one = [s for s in result.verified.values()
+           if [op.kind for op in s.ops if op.kind not in ("input", "output")] == ["graph_kernel"]]
+    assert one
+    return to_json(one[0])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_masked_attention_on_logits_of_30_is_finite_and_correct(dtype, attention, worker):
+    """Q·K up to |30| (Q scaled), a causal 0/1 mask after the exp, P·V: the fused kernel the
+    search finds is lowered with the row max subtracted (through the mask and the P·V matmul)
+    and equals eager attention on both dialects."""
+    program = parse_program(ATTENTION.format(dtype=dtype))
+    structure = from_json(attention.replace('"float16"', f'"{dtype}"'))
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s) for s in ((2, 16, 32), (2, 32, 256), (2, 256, 32)))
+    q *= 30.0 / np.abs(q @ k).max()
+    mask = np.broadcast_to(np.arange(256)[None, :] <= np.arange(16)[:, None] + 240,
+                           (2, 16, 256)).astype(float)
+    xs = [a.astype(np.float32) for a in (q, k, v, mask)]
+    for dev in _devices():
+        plan = dev.lower(structure, None, "attn")
+        assert all(st.attrs.get("shift") for kk in plan.kernels for ph in kk.phases
+                   for lp in ph.loops for st in lp.col if getattr(st, "op", "") == "exp")
+        res = dev.check(plan, program.build(), inputs=xs, worker=worker)
+        assert res.ok, (dev.kind, res.message)
+        assert np.isfinite(res.outputs[0]).all()
+        sq, sk, sv, sm = (a.astype(np.float64) for a in dev.stored(plan, xs))
+        want = _softmax(sq @ sk, sm) @ sv
+        rtol, atol = tolerance(dev.compute_dtype(plan))
+        np.testing.assert_allclose(res.outputs[0], want, rtol=rtol, atol=max(atol, 1e-5))
