@@ -6,6 +6,8 @@ themselves: activations N(0, 1), weights N(0, 1/fan_in)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -181,3 +183,57 @@ def test_masked_attention_on_logits_of_30_is_finite_and_correct(dtype, attention
         want = _softmax(sq @ sk, sm) @ sv
         rtol, atol = tolerance(dev.compute_dtype(plan))
         np.testing.assert_allclose(res.outputs[0], want, rtol=rtol, atol=max(atol, 1e-5))
+
+
+def test_masked_flash_attention_keeps_a_running_max(worker):
+    """The for-loop over the key sequence (FlashAttention's form, mha's hand-written one) with
+    a 0/1 mask after the exp: the running max and the rescaled accumulators survive the mask
+    on the cpu (C++, its per-row shared buffers) and the Triton interpreter."""
+    heads, rows, dim, seq = 2, 8, 16, 256
+    qmap, kmap = [0, -1, -1], [0, -1, -1]
+    structure = from_json(json.dumps({"format": "tuner.mugraph/1", "ops": [
+        {"op": "input", "shape": [heads, rows, dim], "dtype": "float16", "name": "Q"},
+        {"op": "input", "shape": [heads, dim, seq], "dtype": "float16", "name": "K"},
+        {"op": "input", "shape": [heads, seq, dim], "dtype": "float16", "name": "V"},
+        {"op": "input", "shape": [heads, rows, seq], "dtype": "float16", "name": "M"},
+        {"op": "graph_kernel", "in": [0, 1, 2, 3], "block_graph": {
+            "grid": [heads, 1, 1], "forloop_range": 4, "block": [128, 1, 1], "ops": [
+                {"op": "input", "index": 0, "imap": qmap, "fmap": -1},
+                {"op": "input", "index": 1, "imap": kmap, "fmap": 2},
+                {"op": "input", "index": 2, "imap": kmap, "fmap": 1},
+                {"op": "input", "index": 3, "imap": qmap, "fmap": 2},
+                {"op": "matmul", "in": [0, 1]}, {"op": "exp", "in": [4]},
+                {"op": "mul", "in": [5, 3]},
+                {"op": "matmul", "in": [6, 2]}, {"op": "accum", "in": [7], "kind": "no_red"},
+                {"op": "accum", "in": [6], "kind": "sum"}, {"op": "div", "in": [8, 9]},
+                {"op": "output", "in": [10], "omap": [0, -1, -1]}]}},
+        {"op": "output", "in": [4]}]}))
+    program = parse_program(f"""name: flash_masked
+dtype: float16
+inputs:
+  Q: [{heads}, {rows}, {dim}]
+  K: [{heads}, {dim}, {seq}]
+  V: [{heads}, {seq}, {dim}]
+  M: [{heads}, {rows}, {seq}]
+body: |
+  E = exp(matmul(Q, K)) * M
+  O = matmul(E / sum(E, 2), V)
+outputs: [O]
+""")
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(s) for s in ((heads, rows, dim), (heads, dim, seq),
+                                                (heads, seq, dim)))
+    q *= 30.0 / np.abs(q @ k).max()
+    mask = np.broadcast_to(np.arange(seq)[None, :] <= np.arange(rows)[:, None] + seq - rows,
+                           (heads, rows, seq)).astype(float)
+    xs = [a.astype(np.float32) for a in (q, k, v, mask)]
+    for dev in _devices():
+        plan = dev.lower(structure, None, "flash")
+        (exp,) = [st for kk in plan.kernels for ph in kk.phases for lp in ph.loops
+                  for st in lp.col if getattr(st, "op", "") == "exp"]
+        assert exp.attrs.get("shift") and not exp.attrs.get("local")
+        if dev.kind == "cpu":
+            assert exp.attrs.get("rows"), "the C++ dialect keeps the running max in rows"
+        res = dev.check(plan, program.build(), inputs=xs, worker=worker)
+        assert res.ok, (dev.kind, res.message)
+        assert np.isfinite(res.outputs[0]).all()
