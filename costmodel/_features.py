@@ -33,7 +33,8 @@ import numpy as np
 from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
 from search.ir import MAX_RANK, OPS, KernelGraph
 
-FEATURE_VERSION = 2  # 2: µGraph node rows padded to NODE_DIM (they were 2 short)
+FEATURE_VERSION = 3  # 2: node rows padded to NODE_DIM (they were 2 short); 3: opcodes of
+# add_scalar, neg, rsqrt and tanh (OPCODES is the sorted op table: the others moved)
 OPCODES = ["<pad>", "kt_config", *sorted(k for k in OPS if k not in ("input", "output")),
            "input", "output"]
 OPCODE = {name: i for i, name in enumerate(OPCODES)}

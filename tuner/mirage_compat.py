@@ -42,10 +42,13 @@ class KNGraph(KernelGraph):
 
     def new_input(self, dims: Sequence[int] | None = None, *args: Any,
                   strides: Sequence[int] | None = None, dtype: str | None = None,
-                  name: str | None = None, shape: Sequence[int] | None = None) -> Any:
+                  name: str | None = None, shape: Sequence[int] | None = None,
+                  layout: str | None = None) -> Any:
         """Mirage's ``new_input(dims, strides=None, dtype=float16)`` and the native
         ``new_input(shape, dtype="float16", name=None)``, told apart by the second positional
-        argument (a dtype string is native).  Only row-major (default) strides exist here."""
+        argument (a dtype string is native).  Strides are row-major (the default) or, for an
+        input, those of the contiguous transpose of its last two dims (layout "transposed",
+        e.g. ``strides=(1, 768)`` for dims (768, 3072))."""
         dims = dims if dims is not None else shape
         rest = list(args)
         if rest and isinstance(rest[0], str):  # native: (shape, dtype, name)
@@ -59,11 +62,14 @@ class KNGraph(KernelGraph):
         if dims is None:
             raise TypeError("new_input: give dims=(...) (Mirage) or a shape (native)")
         dims = tuple(int(d) for d in dims)
-        _check_strides(dims, strides)
+        from_strides = _check_strides(dims, strides, transposed_ok=True)
+        if layout is not None and strides is not None and layout != from_strides:
+            raise ShapeError(f"new_input: layout {layout!r} contradicts strides {strides}")
+        layout = layout or from_strides
         dtype = _dtype(dtype if dtype is not None else float16)
         if name is None:
             name = f"I{len(self.input_ids)}"
-        return super().new_input(dims, dtype, name)
+        return super().new_input(dims, dtype, name, layout=layout)
 
     def mark_output(self, tensor: Any, strides: Sequence[int] | None = None) -> None:
         _check_strides(tuple(int(d) for d in tensor.shape), strides)
@@ -163,7 +169,7 @@ def to_program(graph: KernelGraph, name: str | None = None) -> Program:
                              "search finds the fused kernels")
         else:
             args = [names[t] for t in op.inputs]
-            args += [repr(op.attrs[a]) for a in _attr_names(op.kind)]
+            args += [f"{a}={op.attrs[a]!r}" for a in _attr_names(op.kind) if a in op.attrs]
             out = f"T{op.outputs[0]}"
             names[op.outputs[0]] = out
             lines.append(f"{out} = {op.kind}({', '.join(args)})")
@@ -173,7 +179,11 @@ def to_program(graph: KernelGraph, name: str | None = None) -> Program:
             raise ShapeError("superoptimize: an input marked as an output computes nothing")
         outputs.append(names[t])
     name = name or f"mirage_{structural_hash(graph)[:12]}"
-    shapes = "\n".join(f"  {n}: [{', '.join(map(str, s))}]" for n, s in inputs.items())
+    layouts = {graph.tensors[t].name or f"I{i}": graph.input_layout(t)
+               for i, t in enumerate(graph.input_ids)}
+    shapes = "\n".join(f"  {n}: [{', '.join(map(str, s))}]" if layouts.get(n) != "transposed"
+                       else f"  {n}: {{shape: [{', '.join(map(str, s))}], layout: transposed}}"
+                       for n, s in inputs.items())
     text = (f"name: {name}\ndtype: {dtypes.pop()}\ninputs:\n{shapes}\nbody: |\n"
             + "".join(f"  {line}\n" for line in lines)
             + f"outputs: [{', '.join(outputs)}]\n")
@@ -235,16 +245,30 @@ def _dtype(dtype: Any) -> str:
     return text
 
 
-def _check_strides(dims: tuple[int, ...], strides: Sequence[int] | None) -> None:
-    if strides is None:
-        return
+def _row_major(dims: tuple[int, ...]) -> tuple[int, ...]:
     want, step = [], 1
     for d in reversed(dims):
         want.append(step)
         step *= d
-    if tuple(int(s) for s in strides) != tuple(reversed(want)):
-        raise ShapeError(f"strides {tuple(strides)}: only row-major tensors are supported "
-                         f"here (strides {tuple(reversed(want))} for dims {dims})")
+    return tuple(reversed(want))
+
+
+def _check_strides(dims: tuple[int, ...], strides: Sequence[int] | None,
+                   transposed_ok: bool = False) -> str:
+    """The layout ``strides`` give ``dims``: "row", or (inputs only) "transposed" for the
+    contiguous transpose of the last two dims (``W.t()``'s strides)."""
+    if strides is None:
+        return "row"
+    got = tuple(int(s) for s in strides)
+    if got == _row_major(dims):
+        return "row"
+    if transposed_ok and len(dims) >= 2:
+        st = _row_major((*dims[:-2], dims[-1], dims[-2]))
+        if got == (*st[:-2], st[-1], st[-2]):
+            return "transposed"
+    raise ShapeError(f"strides {tuple(strides)}: only row-major tensors"
+                     f"{' and inputs transposed in their last two dims' if transposed_ok else ''}"
+                     f" are supported here (strides {_row_major(dims)} for dims {dims})")
 
 
 def _attr_names(kind: str) -> tuple[str, ...]:

@@ -92,8 +92,29 @@ def test_mirage_spellings_and_the_native_builder() -> None:
     ex = np.exp(a / (1 + np.exp(-a)))
     np.testing.assert_allclose(got, ex / ex.sum(1, keepdims=True) + b, rtol=1e-9)
     with pytest.raises(ShapeError, match="only row-major"):
-        graph.new_input(dims=(8, 32), strides=(1, 8))
+        graph.new_input(dims=(8, 32), strides=(64, 2))  # (1, 8) is W.t(): transposed
     with pytest.raises(ShapeError, match="normalized_shape"):
         graph.rms_norm(x, normalized_shape=(8, 32))
     with pytest.raises(ShapeError, match="dtype"):
         graph.new_input(dims=(2, 2), dtype="int8")
+
+
+def test_transposed_strides_make_a_transposed_input():
+    g = mi.new_kernel_graph()
+    w = g.new_input(dims=(64, 32), strides=(1, 64), dtype=mi.float16)
+    x = g.new_input(dims=(8, 64), dtype=mi.float16)
+    g.mark_output(g.matmul(x, w))
+    assert g.input_layout(w.id) == "transposed" and g.input_layout(x.id) == "row"
+    assert g.new_input((4, 8), "float16", "N", layout="transposed").shape == (4, 8)
+    with pytest.raises(ShapeError, match="only row-major tensors and inputs transposed"):
+        g.new_input(dims=(64, 32), strides=(2, 64), dtype=mi.float16)
+    # as a program (what superoptimize launches): the layout and an rms_norm eps survive
+    from tuner.mirage_compat import to_program
+
+    h = mi.new_kernel_graph()
+    w = h.new_input(dims=(64, 32), strides=(1, 64), dtype=mi.float16)
+    x = h.new_input(dims=(8, 64), dtype=mi.float16)
+    h.mark_output(h.matmul(h.rms_norm(x, eps=1e-6), w))
+    program = to_program(h)
+    assert program.layouts == {"I0": "transposed"}
+    assert structural_hash(program.build()) == structural_hash(h)
