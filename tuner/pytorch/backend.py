@@ -105,15 +105,16 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
             return make_boxed_func(aten.forward)
         from torch._inductor.compile_fx import compile_fx
 
-        compiled = compile_fx(aten, inputs)
-        return compiled if getattr(compiled, "_boxed_call", False) else make_boxed_func(compiled)
+        # compile_fx, given an ATen graph inside aot_autograd, traces it again (our kernels
+        # are opaque custom ops there) and returns a function of the arguments themselves
+        return make_boxed_func(compile_fx(aten, inputs))
 
     return aot_autograd(fw_compiler=compile_aten)(gm, example_inputs)
 
 
 def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
     """Replace every region of ``gm`` that has a usable kernel; report what happened."""
-    from .runtime import register_kernel, replace
+    from .runtime import finish, register_kernel, replace
 
     part = partition(gm.graph, opts.max_ops)
     report = GraphReport(total=len(part.compute),
@@ -125,6 +126,7 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
         except (ShapeError, ValueError) as err:
             programs.append((region, None, _one_line(err)))
     found = _kernels([p for _r, p, _e in programs if p is not None], opts)
+    replaced: dict = {}
     for region, program, error in programs:
         ops = [op_name(n) for n in region.nodes]
         name = program.name if program is not None else "-"
@@ -139,10 +141,12 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
                 shapes = [tuple(region.emitted.graph.tensors[t].shape)
                           for t in dict.fromkeys(t for _n, t in region.emitted.outputs)]
                 register_kernel(key, kernel, shapes)  # type: ignore[arg-type]
-                replace(gm, region.nodes, region.emitted, key)
+                replace(gm, region.nodes, region.emitted, key, replaced)
                 entry.status, why = "kernel", ""
             entry.reason = why
         report.regions.append(entry)
+    if replaced:
+        finish(gm)
     return report
 
 
@@ -191,7 +195,9 @@ def _check(kernel: Any, emitted: Emitted) -> str:
             a = rng.standard_normal(spec.shape, dtype=np.float32)
         arrays.append(a)
     try:
-        want = run(emitted.graph, [a.astype(np.float64) for a in arrays], FloatArith())
+        logical = [np.swapaxes(a, -1, -2) if s.kind == "transposed" else a
+                   for a, s in zip(arrays, emitted.inputs, strict=True)]
+        want = run(emitted.graph, [a.astype(np.float64) for a in logical], FloatArith())
         got = kernel(*arrays)
     except Exception as err:  # a kernel that cannot run is not used, whatever the reason
         return f"the kernel failed its check: {_one_line(err)}"

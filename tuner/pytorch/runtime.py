@@ -65,14 +65,17 @@ def _(key: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [xs[0].new_empty(s, dtype=torch.float32) for s in _KERNELS[key][1]]
 
 
-def replace(gm: torch.fx.GraphModule, nodes: list, emitted: Emitted, key: str) -> None:
-    """Replace the region ``nodes`` of ``gm`` by a call of the kernel registered as ``key``."""
+def replace(gm: torch.fx.GraphModule, nodes: list, emitted: Emitted, key: str,
+            replaced: dict) -> None:
+    """Replace the region ``nodes`` of ``gm`` by a call of the kernel registered as ``key``;
+    ``replaced`` maps the outputs of regions replaced before to their new nodes (and gets
+    this region's); ``finish`` cleans the graph up after the last one."""
     graph = gm.graph
     aten = torch.ops.aten
     with graph.inserting_after(nodes[-1]):
         args = []
         for spec in emitted.inputs:
-            x = spec.node
+            x = replaced.get(spec.node, spec.node)
             if spec.kind == "mask":
                 x = graph.call_function(aten.logical_not.default, (x,))
                 x = graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.float32})
@@ -86,9 +89,15 @@ def replace(gm: torch.fx.GraphModule, nodes: list, emitted: Emitted, key: str) -
                 y = graph.call_function(aten._to_copy.default, (y,), {"dtype": v.dtype})
             y = graph.call_function(aten.reshape.default, (y, list(v.shape)))
             node.replace_all_uses_with(y)
-    _toposort(graph)
-    graph.eliminate_dead_code()
-    graph.lint()
+            replaced[node] = y
+
+
+def finish(gm: torch.fx.GraphModule) -> None:
+    """Order the graph again (a kernel call sits after its region's last op, some of whose
+    outputs' users may have come earlier), drop the replaced ops, check and recompile."""
+    _toposort(gm.graph)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
     gm.recompile()
 
 

@@ -12,6 +12,8 @@ import yaml
 
 from search import Program
 
+from ..mirage_compat import input_entry
+
 if TYPE_CHECKING:
     from .backend import Options
 
@@ -74,7 +76,8 @@ def tune_now(programs: list[Program], opts: Options) -> str:
 
 def program_text(p: Program) -> str:
     """``p`` in the program language (docs/ir.md), for a program file."""
-    shapes = "".join(f"  {n}: [{', '.join(map(str, s))}]\n" for n, s in p.inputs.items())
+    layouts = getattr(p, "layouts", {})  # inputs not stored row-major (the ops branch)
+    shapes = "".join(f"  {n}: {input_entry(s, layouts.get(n))}\n" for n, s in p.inputs.items())
     body = "".join(f"  {line}\n" for line in p.body.strip("\n").splitlines())
     return (f"name: {p.name}\ndtype: {p.dtype}\ninputs:\n{shapes}body: |\n{body}"
             f"outputs: [{', '.join(p.outputs)}]\n")
