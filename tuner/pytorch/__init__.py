@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backend import Options, backend, last_report
+from .backend import Options, backend, last_report, make_options
 from .report import GraphReport, RegionReport, Report
 
 __all__ = ["Compiled", "GraphReport", "Options", "RegionReport", "Report", "backend", "compile",
@@ -25,7 +25,7 @@ class Compiled:
 
         self._report = Report()
         options = {**options, "report": self._report}
-        Options(**options)  # bad options fail here, not at the first call
+        make_options(dict(options))  # bad options fail here, not at the first call
         self._fn = torch.compile(fn, backend=lambda gm, xs: backend(gm, xs, **options))
         self.__wrapped__ = fn
 
