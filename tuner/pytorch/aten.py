@@ -3,7 +3,8 @@
 A region's tensors are held in a *canonical* shape in which the views a model puts between its
 ops cost nothing: ``rows`` (every tensor ``[prod(leading dims), last]``) for regions of
 matmuls, pointwise ops and last-dim reductions, ``batched`` (``[prod(dims[:-2]), rows,
-last]``) for regions holding a ``bmm``.  A view, reshape, unsqueeze or same-shape expand whose
+last]``) for regions holding a ``bmm`` or broadcasting over a leading dim (``rows`` is tried
+first).  A view, reshape, unsqueeze or same-shape expand whose
 input and output have the same canonical shape is then the identity; any other view ends the
 region (it runs in PyTorch, where a view of a contiguous tensor is free).  Every emitted op's
 shape is checked against the canonical shape of the ATen node's own, so a broadcast the
@@ -112,7 +113,7 @@ class Emitter:
         try:
             return self.graph.apply(kind, *args, **attrs)
         except ShapeError as err:
-            raise Unsupported(f"{kind}: {err}") from None
+            raise Unsupported(str(err).split(" [in ")[0]) from None
 
     def new_input(self, node: Any, shape: tuple[int, ...], kind: str = "plain") -> Any:
         key = (node, shape, kind)
@@ -371,8 +372,17 @@ FREE_OPS = frozenset({*_VIEWS, "getitem", "_to_copy.default", "prims.convert_ele
 
 def emit_region(nodes: Sequence[Any], dtype: str) -> Emitted:
     """Write ``nodes`` (in graph order) as one kernel graph; raises ``Unsupported``."""
+    batched = any(op_name(n) in BATCHED_OPS for n in nodes)
+    for mode in (BATCHED,) if batched else (ROWS, BATCHED):
+        try:
+            return _emit(nodes, dtype, mode)
+        except Unsupported as err:
+            error = err
+    raise error
+
+
+def _emit(nodes: Sequence[Any], dtype: str, mode: str) -> Emitted:
     members = set(nodes)
-    mode = BATCHED if any(op_name(n) in BATCHED_OPS for n in nodes) else ROWS
     em = Emitter(members, mode, dtype)
     for node in nodes:
         em.emit(node)

@@ -4,7 +4,8 @@ Greedy, in graph order: each node the table can write joins the region(s) of its
 the union is still *convex* (no path leaves it and comes back: the region must be able to run
 as one call), still writes as one kernel graph (``aten.emit_region``) and stays within
 ``max_ops`` compute ops (what the search finishes in its time limit; partitioning whole layers
-is a separate piece of work); else it joins the largest one it can, else starts its own.  A
+is a separate piece of work; one ATen op, such as a layer_norm, is a region even where it is
+larger); else it joins the largest one it can, else starts its own.  A
 node that cannot be written gets a one-line reason for the report.
 """
 
@@ -114,7 +115,7 @@ def partition(graph: Any, max_ops: int = 8) -> Partition:
             except Unsupported as err:
                 last_error = str(err)
                 continue
-            if em.ops > max_ops:
+            if em.ops > max_ops and option:  # one ATen op alone is never split
                 last_error = f"the region would exceed {max_ops} ops"
                 continue
             for r in option:
