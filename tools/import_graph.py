@@ -54,7 +54,7 @@ KERNEL_ROOMS = ("kernels.machine", "kernels.device_names", "kernels.hardware", "
 # (``tuner.pipeline``) and the CLI, so it can never stand on them
 TUNER_ROOMS = (("tuner.formatting", "tuner.samplers"), "tuner.jobfile", "tuner.identity",
                "tuner.api", "tuner.serving", "tuner.dashboard", "tuner.pipeline",
-               ("tuner.cli", "tuner.mirage_compat"))
+               ("tuner.cli", "tuner.mirage_compat"), "tuner.pytorch")
 ROOMS = {"kernels": KERNEL_ROOMS, "tuner": TUNER_ROOMS}
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backend import Options, backend, last_report, make_options
+from .backend import backend, last_report
+from .options import Options, make_options
 from .report import GraphReport, RegionReport, Report
 
 __all__ = ["Compiled", "GraphReport", "Options", "RegionReport", "Report", "backend", "compile",

@@ -121,7 +121,8 @@ class Emitter:
             name = f"I{len(self.inputs)}"
             if kind == "transposed":
                 logical = (*shape[:-2], shape[-1], shape[-2])
-                t = self.graph.new_input(logical, self.dtype, name, layout="transposed")
+                layout = {"layout": "transposed"}  # the ops branch's input attribute
+                t = self.graph.new_input(logical, self.dtype, name, **layout)
             else:
                 t = self.graph.new_input(shape, self.dtype, name)
             self.inputs.append(InputSpec(node, shape, kind))

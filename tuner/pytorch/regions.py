@@ -107,7 +107,7 @@ def partition(graph: Any, max_ops: int = 8) -> Partition:
         options += [[r] for r in cands] + [[]]
         last_error = None
         for option in options:
-            nodes = sorted({*group, *(n for r in option for n in regions[r])}, key=order.get)
+            nodes = sorted({*group, *(n for r in option for n in regions[r])}, key=lambda n: order[n])
             if option and not _convex(set(nodes), order):
                 continue
             try:

@@ -43,8 +43,11 @@ def _contiguous(x: torch.Tensor) -> torch.Tensor:
     copy = x.to(torch.float32).contiguous()
     if base.requires_grad or isinstance(base, torch.nn.Parameter):  # weights: keep the copy
         key = id(base)
-        _COPIES[key] = (weakref.ref(base, lambda _r, k=key: _COPIES.pop(k, None)),
-                        base._version, sig, copy)
+
+        def forget(_ref: Any, k: int = key) -> None:
+            _COPIES.pop(k, None)
+
+        _COPIES[key] = (weakref.ref(base, forget), base._version, sig, copy)
     return copy
 
 
@@ -119,7 +122,7 @@ def _toposort(graph: torch.fx.Graph) -> None:
                 order.append(m)
                 continue
             stack.append((m, True))
-            for a in sorted(m.all_input_nodes, key=index.get, reverse=True):
+            for a in sorted(m.all_input_nodes, key=lambda a: index[a], reverse=True):
                 if a not in done:
                     stack.append((a, False))
 

@@ -15,7 +15,7 @@ from search import Program
 from ..mirage_compat import input_entry
 
 if TYPE_CHECKING:
-    from .backend import Options
+    from .options import Options
 
 DEFAULT_JOB = "tuner_job.yaml"
 
