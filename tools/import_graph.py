@@ -11,8 +11,8 @@ still a circle, and an arrow a reader must follow still points somewhere).  Two 
   doc; the IR, ``search.ir``, is a layer of its own below the search algorithm in
   ``search``), and inside ``kernels`` the rooms follow machine < device_names < hardware <
   lowering < rendering < devices < the tuning helpers, inside ``tuner`` formatting,
-  samplers < jobfile < identity < api < serving < dashboard < pipeline < cli, so no arrow
-  points up.
+  samplers < jobfile < identity < api < serving < dashboard < pipeline < cli, mirage_compat <
+  pytorch, so no arrow points up.
 
 Prints the package graph (``--modules``: the module graph) as Mermaid or Graphviz DOT and the
 violations; exits 1 when there is one.
