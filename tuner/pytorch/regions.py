@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from search import ELEMENTWISE_OPS
+
 from .aten import FREE_OPS, HANDLERS, Emitted, Unsupported, emit_region, is_node, meta, op_name
 
 # producers the table writes only together with their consumer (masked_fill with the softmax
@@ -129,8 +131,15 @@ def partition(graph: Any, max_ops: int = 8) -> Partition:
         else:
             for g in group:
                 reasons[g] = last_error or "not capturable"
-    out = [Region(regions[r], emitted[r]) for r in sorted(regions) if emitted[r].ops > 0
-           and emitted[r].outputs]
+    out = []
+    for r in sorted(regions):
+        em = emitted[r]
+        if em.ops == 1 and all(op.kind in ELEMENTWISE_OPS for op in em.graph.ops
+                               if op.kind not in ("input", "output")):
+            for n in regions[r]:  # a lone pointwise op: a kernel call would only add a launch
+                reasons[n] = "a lone pointwise op (Inductor fuses it with its neighbours)"
+        elif em.ops > 0 and em.outputs:
+            out.append(Region(regions[r], em))
     kept = {n for r in out for n in r.nodes}
     compute = _computes(graph)
     for n in compute:
