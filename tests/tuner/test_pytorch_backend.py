@@ -90,7 +90,8 @@ def test_half_blocks_fall_back_through_inductor(dtype: torch.dtype, url: str) ->
                                         ("residual_rmsnorm", torch.bfloat16)])
 def test_tuned_now_the_block_runs_as_kernels(name: str, dtype: torch.dtype, url: str) -> None:
     """tune="now" searches and tunes every captured region here, stores it, runs it as a
-    kernel; a second compile with the default tune="cached" finds the same programs."""
+    kernel; a second compile with the default tune="cached" finds the same programs and runs
+    them inside the graph Inductor compiles."""
     model, args = blocks.block(name, hidden=64, rows=4, dtype=dtype)
     opts = {"db": url, "budget_s": 30, "trials": 4, "structures": 1, "fallback": "eager"}
     with torch.no_grad():
@@ -99,8 +100,8 @@ def test_tuned_now_the_block_runs_as_kernels(name: str, dtype: torch.dtype, url:
     report = compiled.report()
     _assert_coverage(name, report)
     assert report.regions and not report.fallbacks, str(report)
-    with torch.no_grad():
-        again = tuner.compile(model, **opts)
+    with torch.no_grad():  # the kernels inside an Inductor-compiled graph this time
+        again = tuner.compile(model, **{**opts, "fallback": "inductor"})
         _close(again(*args), model(*args), dtype)
     assert [r.program for r in again.report().kernels] == [r.program for r in report.kernels]
 
