@@ -90,14 +90,13 @@ def main(argv: list[str] | None = None) -> int:
                     times[key].append(_per_call(fn, args, a.calls))
         med = {k: statistics.median(v) for k, v in times.items()}
         report = ours.report()
-        kernels = sum(len([o for o in r.aten_ops]) for r in report.kernels)
         share = f"{len(report.kernels)}/{len(report.regions)} regions"
-        rows.append((name, med, report, share, kernels))
+        rows.append((name, med, report, share))
         print(f"# {name}: {report}", flush=True)
     print(f"\n{'block':18} {'eager us':>10} {'inductor us':>12} {'tuner us':>10} "
           f"{'vs inductor':>12}  captured  kernels")
     ratios = []
-    for name, med, report, share, _k in rows:
+    for name, med, report, share in rows:
         ratio = med["inductor"] / med["tuner"]
         ratios.append(ratio)
         print(f"{name:18} {med['eager'] * 1e6:10.1f} {med['inductor'] * 1e6:12.1f} "

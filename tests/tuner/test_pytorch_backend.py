@@ -173,3 +173,27 @@ def test_a_transformers_llama_layer(tmp_path: Path) -> None:
     report = compiled.report()
     assert 0 < report.captured < report.total, str(report)
     assert any(op.startswith("cat") for op, _ in report.uncaptured), str(report)
+
+
+def test_a_kernel_that_fails_its_check_is_never_used(url: str) -> None:
+    """The check before use: a real tuned kernel, of another region of the same shapes
+    (``exp(2x)`` standing in for ``exp(3x)``), is refused with a reason."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tuner.pytorch.backend import check_kernel, program_of
+    from tuner.pytorch.regions import partition
+
+    def region(c: float) -> object:
+        gm = make_fx(lambda x: torch.exp(x * c))(torch.randn(4, 32))
+        (r,) = partition(gm.graph).regions
+        return r.emitted
+
+    two, three = region(2.0), region(3.0)
+    with torch.no_grad():
+        compiled = tuner.compile(lambda x: torch.exp(x * 2.0), tune="now", db=url, budget_s=30,
+                                 trials=4, structures=1, fallback="eager")
+        compiled(torch.randn(4, 32))
+    assert compiled.report().kernels, str(compiled.report())
+    kernel = tuner.load(program_of(two), device="cpu", url=url)  # type: ignore[arg-type]
+    assert check_kernel(kernel, two) == ""  # type: ignore[arg-type]
+    assert "failed its check" in check_kernel(kernel, three)  # type: ignore[arg-type]

@@ -17,7 +17,6 @@ table lacks is not captured, with the reason "op X not in the op table".
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -405,5 +404,3 @@ def _emit(nodes: Sequence[Any], dtype: str, mode: str) -> Emitted:
     ops = sum(1 for op in em.graph.ops if op.kind not in ("input", "output"))
     return Emitted(em.graph, em.inputs, outputs, ops, mode)
 
-
-GETITEM = operator.getitem

@@ -89,7 +89,7 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
         if program is not None:
             kernel, why = found.get(program.name, (None, "not looked up"))
             if kernel is not None and opts.check:
-                why = _check(kernel, region.emitted)
+                why = check_kernel(kernel, region.emitted)
                 kernel = kernel if not why else None
             if kernel is not None:
                 key = program.name
@@ -135,7 +135,7 @@ def _kernels(programs: list[Program], opts: Options) -> dict[str, tuple[Any, str
     return found
 
 
-def _check(kernel: Any, emitted: Emitted) -> str:
+def check_kernel(kernel: Any, emitted: Emitted) -> str:
     """Run ``kernel`` once on real-scale random inputs against the float64 reference of
     the region's graph: '' when it agrees, else why it is not used."""
     from verifier import FloatArith, run
