@@ -50,7 +50,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
     _LAST[0] = opts.report
 
     def compile_aten(aten: torch.fx.GraphModule, inputs: list) -> Any:
-        graph_report = capture(aten, opts)
+        try:
+            graph_report = capture(aten, opts)
+        except Exception as err:  # a model this capture cannot read still runs, unchanged
+            graph_report = GraphReport(total=0, uncaptured=[
+                ("the whole graph", f"capture failed: {_one_line(err)}")])
         opts.report.graphs.append(graph_report)
         line = graph_report.summary()
         log.info(line)
