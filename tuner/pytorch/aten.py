@@ -16,6 +16,7 @@ table lacks is not captured, with the reason "op X not in the op table".
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class Emitted:
     mode: str
 
 
+@functools.cache
 def has_layout() -> bool:
     """Whether the builder takes ``layout="transposed"`` (the ops branch's input attribute)."""
     import inspect
