@@ -11,8 +11,8 @@ still a circle, and an arrow a reader must follow still points somewhere).  Two 
   doc; the IR, ``search.ir``, is a layer of its own below the search algorithm in
   ``search``), and inside ``kernels`` the rooms follow machine < device_names < hardware <
   lowering < rendering < devices < the tuning helpers, inside ``tuner`` formatting,
-  samplers < jobfile < identity < api < serving < dashboard < pipeline < cli, so no arrow
-  points up.
+  samplers < jobfile < identity < api < serving < dashboard < pipeline < cli, mirage_compat <
+  pytorch, so no arrow points up.
 
 Prints the package graph (``--modules``: the module graph) as Mermaid or Graphviz DOT and the
 violations; exits 1 when there is one.
@@ -54,7 +54,7 @@ KERNEL_ROOMS = ("kernels.machine", "kernels.device_names", "kernels.hardware", "
 # (``tuner.pipeline``) and the CLI, so it can never stand on them
 TUNER_ROOMS = (("tuner.formatting", "tuner.samplers"), "tuner.jobfile", "tuner.identity",
                "tuner.api", "tuner.serving", "tuner.dashboard", "tuner.pipeline",
-               ("tuner.cli", "tuner.mirage_compat"))
+               ("tuner.cli", "tuner.mirage_compat"), "tuner.pytorch")
 ROOMS = {"kernels": KERNEL_ROOMS, "tuner": TUNER_ROOMS}
 
 

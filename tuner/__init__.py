@@ -4,7 +4,8 @@ The Python face: build programs like Mirage (``new_kernel_graph``; a Mirage scri
 ``import tuner as mi``, see ``tuner.mirage_compat``), load built-in or file
 programs, check equivalence of µGraphs, run a job file (``launch``) and get the best tuned
 kernel back from the database (``best`` for the record, ``load`` for a callable, ``status``
-for what a database holds).
+for what a database holds), or compile a PyTorch model with the tuned kernels (``compile``, the
+``torch.compile`` backend ``tuner``).
 """
 
 from search import BlockGraph, KernelGraph, new_block_graph
@@ -14,6 +15,14 @@ from .mirage_compat import KNGraph, bfloat16, float16, float32, new_kernel_graph
 from .serving import best, load, status
 
 
+def compile(fn: object, **options: object) -> object:  # noqa: A001 - torch.compile's name
+    """``torch.compile(fn, backend="tuner")`` with ``.report()`` (``tuner.pytorch.compile``;
+    imported lazily, it pulls in PyTorch).  See docs/pytorch.md."""
+    from .pytorch import compile as _compile
+
+    return _compile(fn, **options)
+
+
 def launch(path: str, **kwargs: object) -> object:
     """Run a job file (``tuner.pipeline.launch``); imported lazily, it pulls in Ray."""
     from .pipeline import launch as _launch
@@ -21,6 +30,7 @@ def launch(path: str, **kwargs: object) -> object:
     return _launch(path, **kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "best", "bfloat16", "float16", "float32",
+__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "best", "bfloat16", "compile", "float16",
+           "float32",
            "launch", "list_programs", "load", "load_graph", "load_program", "new_block_graph",
            "new_kernel_graph", "program_graph", "status", "verify_files"]

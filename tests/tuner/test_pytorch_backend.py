@@ -1,0 +1,199 @@
+"""PyTorch in: model blocks as their authors write them, compiled with ``backend="tuner"``.
+
+Each block's outputs equal eager's; the report says which ATen ops were captured into which
+programs and why the rest fell back.  Coverage follows the op table: a block is asserted
+captured whole when ``search.OPS`` holds every op its translation needs, and otherwise its
+uncaptured ops must say which op the table lacks (so these tests tighten by themselves when
+ops are added).  Kernels are tuned for two small blocks (``tune="now"``, a temporary database
+per module); every other block runs with no kernel and must fall back, never error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tuner  # noqa: E402
+import tuner.pytorch as tp  # noqa: E402
+from search import OPS, parse_program  # noqa: E402
+from tuner.jobfile import load_job  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("torch_blocks", REPO / "examples/torch_blocks.py")
+blocks = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(blocks)  # type: ignore[union-attr]
+
+# the op-table ops each block's translation needs, beyond matmul, the pointwise ops and sums
+NEEDS = {"rmsnorm": {"add_scalar", "rsqrt"}, "llama_mlp": set(),
+         "gpt2_mlp": {"add_scalar", "tanh"}, "attention": set(),
+         "layernorm": {"add_scalar", "rsqrt"}, "residual_rmsnorm": {"add_scalar", "rsqrt"}}
+TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('torchdb') / 'tuner.db'}"
+
+
+def _close(got: object, want: object, dtype: torch.dtype) -> None:
+    gots = got if isinstance(got, tuple) else (got,)
+    wants = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(gots, wants, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        scale = max(1.0, float(w.float().abs().max()))
+        err = float((g.float() - w.float()).abs().max())
+        assert err <= TOL[dtype] * scale, f"max |error| {err} (scale {scale})"
+
+
+def _assert_coverage(name: str, report: tp.Report) -> None:
+    assert report.total > 0
+    if NEEDS[name] <= set(OPS):
+        assert report.captured == report.total, str(report)
+        assert len(report.regions) >= 1
+    else:
+        missing = NEEDS[name] - set(OPS)
+        assert report.uncaptured, str(report)
+        for _op, why in report.uncaptured:
+            assert any(f"op {m} not in the op table" in why for m in missing), str(report)
+
+
+@pytest.mark.parametrize("name", blocks.BLOCKS)
+def test_every_block_runs_without_a_kernel_and_says_why(name: str, tmp_path: Path) -> None:
+    """No database at all: every region falls back, outputs equal eager, the report is whole."""
+    model, args = blocks.block(name, hidden=64, rows=4)
+    with torch.no_grad():
+        compiled = tuner.compile(model, db=f"sqlite:///{tmp_path / 'none.db'}",
+                                 fallback="eager")
+        _close(compiled(*args), model(*args), torch.float32)
+    report = compiled.report()
+    _assert_coverage(name, report)
+    assert not report.kernels and all(r.reason for r in report.fallbacks)
+    assert all("\n" not in why for _op, why in report.uncaptured)
+    assert f"of {report.total} ATen ops captured" in str(report)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_blocks_fall_back_through_inductor(dtype: torch.dtype, url: str) -> None:
+    model, args = blocks.block("gpt2_mlp", hidden=64, rows=4, dtype=dtype)
+    with torch.no_grad():
+        compiled = tuner.compile(model, db=url)
+        _close(compiled(*args), model(*args), dtype)
+
+
+@pytest.mark.parametrize("name,dtype", [("rmsnorm", torch.float32),
+                                        ("residual_rmsnorm", torch.bfloat16)])
+def test_tuned_now_the_block_runs_as_kernels(name: str, dtype: torch.dtype, url: str) -> None:
+    """tune="now" searches and tunes every captured region here, stores it, runs it as a
+    kernel; a second compile with the default tune="cached" finds the same programs and runs
+    them inside the graph Inductor compiles."""
+    model, args = blocks.block(name, hidden=64, rows=4, dtype=dtype)
+    opts = {"db": url, "budget_s": 30, "trials": 4, "structures": 1, "fallback": "eager"}
+    with torch.no_grad():
+        compiled = tuner.compile(model, tune="now", **opts)
+        _close(compiled(*args), model(*args), dtype)
+    report = compiled.report()
+    _assert_coverage(name, report)
+    assert report.regions and not report.fallbacks, str(report)
+    with torch.no_grad():  # the kernels inside an Inductor-compiled graph this time
+        again = tuner.compile(model, **{**opts, "fallback": "inductor"})
+        _close(again(*args), model(*args), dtype)
+    assert [r.program for r in again.report().kernels] == [r.program for r in report.kernels]
+
+
+def test_tune_job_writes_a_launchable_job(tmp_path: Path) -> None:
+    model, args = blocks.block("llama_mlp", hidden=64, rows=4)
+    job = tmp_path / "jobs" / "torch_job.yaml"
+    with torch.no_grad():
+        compiled = tuner.compile(model, tune="job", job_file=str(job),
+                                 db=f"sqlite:///{tmp_path / 't.db'}", fallback="eager")
+        _close(compiled(*args), model(*args), torch.float32)
+    report = compiled.report()
+    spec = load_job(job)  # what `tuner launch` reads
+    names = {e.name for e in spec.programs}
+    assert names == {r.program for r in report.regions} and names
+    for r in report.regions:
+        assert str(job) in r.reason
+        program = parse_program((job.parent / f"{r.program}.yaml").read_text())
+        assert program.name == r.program
+
+
+def test_the_backend_is_registered_as_tuner(tmp_path: Path) -> None:
+    """The entry point pip installs (pyproject), and `torch.compile(backend="tuner")`."""
+    text = (REPO / "pyproject.toml").read_text()
+    found = re.search(r'^\[project\.entry-points\.torch_dynamo_backends\]\ntuner = "([^"]+)"',
+                      text, re.M)
+    assert found, "pyproject.toml: the torch_dynamo_backends entry point is missing"
+    value = found.group(1)
+    assert EntryPoint("tuner", value, "torch_dynamo_backends").load() is tp.backend
+    installed = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "tuner"]
+    assert all(e.value == value for e in installed)  # an install of this checkout agrees
+    tp.register()
+    model, args = blocks.block("rmsnorm", hidden=32, rows=2)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="tuner",
+                                 options={"db": f"sqlite:///{tmp_path / 'x.db'}"})
+        _close(compiled(*args), model(*args), torch.float32)
+    assert tp.last_report().total > 0
+
+
+def test_bad_options_are_refused_at_once() -> None:
+    with pytest.raises(ValueError, match="tune='later'"):
+        tuner.compile(torch.nn.Identity(), tune="later")
+    with pytest.raises(TypeError, match="unknown option"):
+        tuner.compile(torch.nn.Identity(), budget=3)
+
+
+def test_a_transformers_llama_layer(tmp_path: Path) -> None:
+    """A model nobody here wrote: its outputs equal eager's; RoPE (cat, slices) falls back."""
+    transformers = pytest.importorskip("transformers", reason="pip install transformers "
+                                       "(the dev extra) to compile a real Llama layer")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   num_hidden_layers=1, vocab_size=128)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    layer, rope = LlamaDecoderLayer(cfg, 0).eval(), LlamaRotaryEmbedding(cfg)
+    x = torch.randn(1, 6, 64)
+    with torch.no_grad():
+        pos = rope(x, torch.arange(6)[None])
+        want = layer(x, position_embeddings=pos, attention_mask=None)
+        compiled = tuner.compile(layer, db=f"sqlite:///{tmp_path / 'l.db'}", fallback="eager")
+        got = compiled(x, position_embeddings=pos, attention_mask=None)
+    want = want[0] if isinstance(want, tuple) else want
+    got = got[0] if isinstance(got, tuple) else got
+    _close(got, want, torch.float32)
+    report = compiled.report()
+    assert 0 < report.captured < report.total, str(report)
+    assert any(op.startswith("cat") for op, _ in report.uncaptured), str(report)
+
+
+def test_a_kernel_that_fails_its_check_is_never_used(url: str) -> None:
+    """The check before use: a real tuned kernel, of another region of the same shapes
+    (``exp(2x)`` standing in for ``exp(3x)``), is refused with a reason."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tuner.pytorch.backend import check_kernel, program_of
+    from tuner.pytorch.regions import partition
+
+    def region(c: float) -> object:
+        gm = make_fx(lambda x: torch.exp(x * c))(torch.randn(4, 32))
+        (r,) = partition(gm.graph).regions
+        return r.emitted
+
+    two, three = region(2.0), region(3.0)
+    with torch.no_grad():
+        compiled = tuner.compile(lambda x: torch.exp(x * 2.0), tune="now", db=url, budget_s=30,
+                                 trials=4, structures=1, fallback="eager")
+        compiled(torch.randn(4, 32))
+    assert compiled.report().kernels, str(compiled.report())
+    kernel = tuner.load(program_of(two), device="cpu", url=url)  # type: ignore[arg-type]
+    assert check_kernel(kernel, two) == ""  # type: ignore[arg-type]
+    assert "failed its check" in check_kernel(kernel, three)  # type: ignore[arg-type]

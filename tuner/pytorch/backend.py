@@ -1,0 +1,173 @@
+"""The ``tuner`` backend of ``torch.compile`` and ``tuner.compile``.
+
+Dynamo hands over an FX graph; ``aot_autograd`` turns it into ATen ops (functional, at
+concrete shapes); ``regions.partition`` splits those into the largest regions the op table
+writes; each region becomes a program named by its structural hash (``torch_<hash>``, the same
+name in every process, so the database finds it again).  A region whose program has a tuned,
+verified kernel for this device is replaced by a ``tuner::kernel`` call; the rest of the graph
+runs through Inductor (``fallback="inductor"``) or as it is (``"eager"``).
+
+``tune`` says what happens to a program with no kernel yet: ``"cached"`` (the default) uses
+only what the database holds, so compiling never blocks for the minutes a search and a tuning
+take; ``"now"`` searches and tunes it here within ``budget_s`` and stores it; ``"job"`` writes
+it to ``job_file`` for ``tuner launch`` on a bigger machine.  Whatever is missing runs through
+the fallback, with a one-line reason in the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from search import KernelGraph, Program, ShapeError, structural_hash
+
+from ..mirage_compat import to_program
+from .aten import Emitted, op_name
+from .options import Options, make_options
+from .regions import Region, partition
+from .report import GraphReport, RegionReport, Report
+
+log = logging.getLogger("tuner.pytorch")
+_LAST: list[Report] = [Report()]
+
+
+def last_report() -> Report:
+    """The report of the most recent compile by ``torch.compile(..., backend="tuner")``."""
+    return _LAST[0]
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> Any:
+    """The ``torch.compile`` backend (registered as ``tuner`` by the ``torch_dynamo_backends``
+    entry point)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    opts = make_options(dict(options))
+    _LAST[0] = opts.report
+
+    def compile_aten(aten: torch.fx.GraphModule, inputs: list) -> Any:
+        try:
+            graph_report = capture(aten, opts)
+        except Exception as err:  # a model this capture cannot read still runs, unchanged
+            graph_report = GraphReport(total=0, uncaptured=[
+                ("the whole graph", f"capture failed: {_one_line(err)}")])
+        opts.report.graphs.append(graph_report)
+        line = graph_report.summary()
+        log.info(line)
+        if opts.verbose:
+            print(line, file=sys.stderr, flush=True)
+        if opts.fallback == "eager":
+            return make_boxed_func(aten.forward)
+        from torch._inductor.compile_fx import compile_fx
+
+        # compile_fx, given an ATen graph inside aot_autograd, traces it again (our kernels
+        # are opaque custom ops there) and returns a function of the arguments themselves
+        return make_boxed_func(compile_fx(aten, inputs))
+
+    return aot_autograd(fw_compiler=compile_aten)(gm, example_inputs)
+
+
+def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
+    """Replace every region of ``gm`` that has a usable kernel; report what happened."""
+    from .runtime import finish, register_kernel, replace
+
+    part = partition(gm.graph, opts.max_ops)
+    report = GraphReport(total=len(part.compute),
+                         uncaptured=[(op_name(n), r) for n, r in part.reasons.items()])
+    programs: list[tuple[Region, Program | None, str]] = []
+    for region in part.regions:
+        try:
+            programs.append((region, program_of(region.emitted), ""))
+        except (ShapeError, ValueError) as err:
+            programs.append((region, None, _one_line(err)))
+    found = _kernels([p for _r, p, _e in programs if p is not None], opts)
+    replaced: dict = {}
+    for region, program, error in programs:
+        ops = [op_name(n) for n in region.nodes]
+        name = program.name if program is not None else "-"
+        entry = RegionReport(name, ops, region.emitted.ops, "fallback", error)
+        if program is not None:
+            kernel, why = found.get(program.name, (None, "not looked up"))
+            if kernel is not None and opts.check:
+                why = check_kernel(kernel, region.emitted)
+                kernel = kernel if not why else None
+            if kernel is not None:
+                key = program.name
+                shapes = [tuple(region.emitted.graph.tensors[t].shape)
+                          for t in dict.fromkeys(t for _n, t in region.emitted.outputs)]
+                register_kernel(key, kernel, shapes)  # type: ignore[arg-type]
+                replace(gm, region.nodes, region.emitted, key, replaced)
+                entry.status, why = "kernel", ""
+            entry.reason = why
+        report.regions.append(entry)
+    if replaced:
+        finish(gm)
+    return report
+
+
+def program_of(emitted: Emitted) -> Program:
+    """The region as a program named by its structural hash; refused where the program
+    language would not give back the same graph (an attribute it cannot say)."""
+    graph: KernelGraph = emitted.graph
+    name = f"torch_{structural_hash(graph)[:12]}"
+    program = to_program(graph, name)
+    if structural_hash(program.build()) != structural_hash(graph):
+        raise ShapeError("the program language does not say this region exactly (an input "
+                         "layout?)")
+    return program
+
+
+def _kernels(programs: list[Program], opts: Options) -> dict[str, tuple[Any, str]]:
+    """name → (kernel, "") or (None, why not), after tuning or writing a job per ``tune``."""
+    from .tuning import lookup, tune_now, write_job
+
+    unique = list({p.name: p for p in programs}.values())
+    found = lookup(unique, opts)
+    missing = [p for p in unique if found[p.name][0] is None]
+    if missing and opts.tune == "now":
+        note = tune_now(missing, opts)
+        found.update({k: v if v[0] is not None else (None, note or v[1])
+                      for k, v in lookup(missing, opts).items()})
+    elif missing and opts.tune == "job":
+        path = write_job(missing, opts)
+        found.update({p.name: (None, f"no tuned kernel yet; written to {path} for "
+                                     "`tuner launch`") for p in missing})
+    return found
+
+
+def check_kernel(kernel: Any, emitted: Emitted) -> str:
+    """Run ``kernel`` once on real-scale random inputs against the float64 reference of
+    the region's graph: '' when it agrees, else why it is not used."""
+    from verifier import FloatArith, run
+
+    rng = np.random.default_rng(0)
+    arrays = []
+    for spec in emitted.inputs:
+        if spec.kind == "mask":
+            a = rng.integers(0, 2, spec.shape).astype(np.float32)
+            a[..., 0] = 1.0
+        else:
+            a = rng.standard_normal(spec.shape, dtype=np.float32)
+        arrays.append(a)
+    try:
+        logical = [np.swapaxes(a, -1, -2) if s.kind == "transposed" else a
+                   for a, s in zip(arrays, emitted.inputs, strict=True)]
+        want = run(emitted.graph, [a.astype(np.float64) for a in logical], FloatArith())
+        got = kernel(*arrays)
+    except Exception as err:  # a kernel that cannot run is not used, whatever the reason
+        return f"the kernel failed its check: {_one_line(err)}"
+    for g, w in zip(got, want, strict=True):
+        g = np.asarray(g, np.float64)
+        scale = max(1.0, float(np.max(np.abs(w))))
+        if g.shape != w.shape or not np.all(np.isfinite(g)) or \
+                float(np.max(np.abs(g - w))) > 2e-3 * scale:
+            return "the kernel failed its check against the float64 reference"
+    return ""
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300] or type(err).__name__

@@ -1,0 +1,76 @@
+"""What a compile did: the ops captured, into how many programs, which ran as kernels and
+which fell back, and why (``tuner.compile(...).report()``; one line per graph in the log)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RegionReport:
+    program: str  # torch_<structural hash>, or "-" where no program could be written
+    aten_ops: list[str]  # the region's ATen ops, in graph order (views included)
+    ops: int  # the program's compute ops
+    status: str  # "kernel" | "fallback"
+    reason: str = ""  # why it fell back
+
+
+@dataclass
+class GraphReport:
+    """One FX graph Dynamo handed over (a model may give several: graph breaks, shapes)."""
+
+    total: int  # ATen compute ops (views, copies and getitem not counted)
+    uncaptured: list[tuple[str, str]]  # (ATen op, why it is in no region)
+    regions: list[RegionReport] = field(default_factory=list)
+
+    @property
+    def captured(self) -> int:
+        return self.total - len(self.uncaptured)
+
+    def summary(self) -> str:
+        kernels = sum(r.status == "kernel" for r in self.regions)
+        return (f"tuner: {self.captured} of {self.total} ATen ops captured into "
+                f"{len(self.regions)} program(s); {kernels} ran as kernels, "
+                f"{len(self.regions) - kernels} fell back")
+
+
+@dataclass
+class Report:
+    graphs: list[GraphReport] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(g.total for g in self.graphs)
+
+    @property
+    def captured(self) -> int:
+        return sum(g.captured for g in self.graphs)
+
+    @property
+    def regions(self) -> list[RegionReport]:
+        return [r for g in self.graphs for r in g.regions]
+
+    @property
+    def kernels(self) -> list[RegionReport]:
+        return [r for r in self.regions if r.status == "kernel"]
+
+    @property
+    def fallbacks(self) -> list[RegionReport]:
+        return [r for r in self.regions if r.status != "kernel"]
+
+    @property
+    def uncaptured(self) -> list[tuple[str, str]]:
+        return [u for g in self.graphs for u in g.uncaptured]
+
+    def __str__(self) -> str:
+        lines = [f"tuner: {len(self.graphs)} graph(s), {self.captured} of {self.total} ATen ops "
+                 f"captured into {len(self.regions)} program(s); {len(self.kernels)} ran as "
+                 f"kernels, {len(self.fallbacks)} fell back"]
+        for r in self.regions:
+            ops = ", ".join(o.split(".")[0] for o in r.aten_ops)
+            what = "kernel" if r.status == "kernel" else f"fallback: {r.reason}"
+            lines.append(f"  {r.program} ({r.ops} ops: {ops}): {what}")
+        for (op, why), n in Counter(self.uncaptured).items():
+            lines.append(f"  not captured: {op} x{n}: {why}")
+        return "\n".join(lines)
