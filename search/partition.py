@@ -73,7 +73,7 @@ def plan_pieces(program: Program, max_piece_ops: int, max_outputs: int = 2) -> l
 
     def nbytes(t: int) -> int:
         info = ref.tensors[t]
-        return math.prod(int(d) for d in info.shape) * DTYPE_BYTES[info.dtype]
+        return math.prod(_concrete(info.shape)) * DTYPE_BYTES[info.dtype]
 
     def segment(j: int, i: int) -> tuple[list[int], list[int]] | None:
         """(reads, results) of ops j..i-1 as one piece; None when it cannot be one."""
@@ -115,6 +115,14 @@ def plan_pieces(program: Program, max_piece_ops: int, max_outputs: int = 2) -> l
     return pieces
 
 
+def _concrete(shape: tuple) -> tuple[int, ...]:
+    """A reference tensor's shape (a program's reference has no grid symbols)."""
+    dims = tuple(d for d in shape if isinstance(d, int))
+    if len(dims) != len(shape):
+        raise ValueError(f"a program's reference has whole-number shapes, not {shape}")
+    return dims
+
+
 def _piece_program(program: Program, ref: KernelGraph, ops: list, reads: list[int],
                    results: list[int], index: int) -> Program:
     """The piece as a program file would write it: its inputs named, one line per op."""
@@ -131,7 +139,7 @@ def _piece_program(program: Program, ref: KernelGraph, ops: list, reads: list[in
         args = [names[t] for t in op.inputs]
         args += [f"{k}={v!r}" for k, v in op.attrs.items()]
         lines.append(f"{names[op.outputs[0]]} = {op.kind}({', '.join(args)})")
-    inputs = {names[t]: tuple(int(d) for d in ref.tensors[t].shape) for t in reads}
+    inputs = {names[t]: _concrete(ref.tensors[t].shape) for t in reads}
     return Program(f"{program.name}.p{index}", program.dtype, inputs, "\n".join(lines) + "\n",
                    [names[t] for t in results],
                    description=f"piece {index} of {program.name}",
@@ -148,7 +156,7 @@ def join_pieces(program: Program, pieces: list[Piece],
     where: dict[int, int] = {}
     for t in ref.input_ids:
         info = ref.tensors[t]
-        where[t] = g.new_input(info.shape, info.dtype, info.name).id  # type: ignore[arg-type]
+        where[t] = g.new_input(_concrete(info.shape), info.dtype, info.name).id
     for piece, structure in zip(pieces, structures, strict=True):
         local = {t: where[r] for t, r in zip(structure.input_ids, piece.inputs, strict=True)}
         for op in structure.ops:

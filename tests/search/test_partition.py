@@ -1,0 +1,125 @@
+"""Programs bigger than the search handles whole are searched in pieces and joined.
+
+A 9-op decode attention block (benchmarks/programs) at its small instance must get one verified
+structure of several kernels with the default limits, which the verifier accepts against the
+whole program and the cpu device builds and runs; the cut keeps the big intermediates on chip;
+the default time limit scales with the program and a search that hits it says so; programs of
+the suite's size are not partitioned.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from support import build_cpu
+
+from cluster import LocalExecutor, search_program, verify_structure
+from search import Limits, from_obj, load_program, parse_program, small_instance
+from search.driver import default_time_limit
+from search.partition import compute_ops, join_pieces, plan_pieces
+
+PROGRAMS = Path(__file__).resolve().parents[2] / "benchmarks" / "programs"
+
+
+def decode_attention():
+    return small_instance(load_program(str(PROGRAMS / "decode_attention.yaml")))
+
+
+@pytest.fixture(scope="module")
+def decode_search():
+    saved: dict = {}
+    result = search_program(decode_attention(), executor=LocalExecutor(),
+                            on_shard=lambda r: saved.setdefault(r.shard_id, r))
+    return result, saved
+
+
+def test_a_nine_op_block_gets_one_verified_structure_of_several_kernels(decode_search):
+    result, _ = decode_search
+    program = decode_attention()
+    assert len(compute_ops(program.build())) == 9
+    assert result.best is not None and not result.time_limit_hit
+    structure = from_obj(result.best["graph"])
+    assert result.best["num_kernels"] >= 2
+    assert result.partition["verified_whole"] is True
+    assert len(result.partition["pieces"]) >= 2
+    assert all(p["ops"] <= Limits().max_piece_ops for p in result.partition["pieces"])
+    ok, reason = verify_structure(structure, program.build())  # the whole program, again
+    assert ok, reason
+
+
+def test_the_joined_structure_builds_and_runs_on_the_cpu(decode_search):
+    from kernels import default_config, get_spec
+
+    structure = from_obj(decode_search[0].best["graph"])
+    res = build_cpu(structure, default_config(structure, get_spec("cpu")), name="pieces")
+    assert res.status == "ok", res.message
+    assert len(res.plan.kernels) >= decode_search[0].best["num_kernels"]
+
+
+def test_a_resumed_partitioned_search_reuses_every_piece_shard(decode_search):
+    first, saved = decode_search
+    assert saved and all("/" in sid for sid in saved)  # piece shard ids name their piece
+
+    class NoRun(LocalExecutor):
+        def submit(self, shard, payload):
+            raise AssertionError(f"shard {shard.id} ran again")
+
+    second = search_program(decode_attention(), executor=NoRun(), done=saved)
+    assert [s["hash"] for s in second.structures] == [s["hash"] for s in first.structures]
+
+
+def test_the_cut_keeps_the_big_intermediate_on_chip():
+    program = parse_program("""
+name: cut
+dtype: float32
+inputs:
+  X: [64, 256]
+  W: [256, 256]
+body: |
+  E = exp(matmul(X, W))
+  S = sum(E, 1)
+  T = sqrt(S * 2)
+  O = T * S
+outputs: [O]
+""")
+    pieces = plan_pieces(program, max_piece_ops=4)
+    # cutting after the matmul or exp would write and read a 64x256 tile; after four ops, two
+    # 64x1 columns (S and S*2); after the row sum, S alone
+    assert [p.ops for p in pieces] == [(0, 1, 2), (3, 4, 5)]
+    assert [program.build().tensors[t].shape for t in pieces[0].outputs] == [(64, 1)]
+    # each piece is a program of its own, and joining their references gives the program back
+    joined = join_pieces(program, pieces, [p.program.build() for p in pieces])
+    assert verify_structure(joined, program.build())[0]
+
+
+def test_no_cut_exists_below_one_op():
+    with pytest.raises(ValueError, match="max_piece_ops"):
+        plan_pieces(decode_attention(), max_piece_ops=0)
+
+
+def test_the_default_time_limit_scales_with_the_program_and_is_reported():
+    assert default_time_limit(9) > default_time_limit(7) > default_time_limit(2) > 0
+    program = load_program("rmsnorm_matmul")
+    result = search_program(program, executor=LocalExecutor())
+    assert result.time_limit_s == default_time_limit(2) and not result.time_limit_hit
+    assert result.summary()["time_limit_s"] == default_time_limit(2)
+    assert result.partition is None  # two ops: searched whole, as before
+
+
+def test_a_search_cut_by_its_time_limit_says_so(caplog):
+    with caplog.at_level(logging.WARNING, logger="search"):
+        result = search_program(load_program("qknorm_gqa"), executor=LocalExecutor(),
+                                time_limit_s=0.5)
+    assert result.time_limit_hit and result.summary()["time_limit_hit"]
+    assert any("time limit" in r.getMessage() for r in caplog.records)
+
+
+def test_partitioning_can_be_turned_off():
+    limits = Limits(partition_above=None, max_block_ops=1, max_kernel_ops=1)
+    result = search_program(decode_attention(), limits, executor=LocalExecutor(),
+                            time_limit_s=5)
+    assert result.partition is None
+    with pytest.raises(ValueError, match="partition_above"):
+        Limits(partition_above=0)
