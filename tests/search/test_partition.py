@@ -123,3 +123,23 @@ def test_partitioning_can_be_turned_off():
     assert result.partition is None
     with pytest.raises(ValueError, match="partition_above"):
         Limits(partition_above=0)
+
+
+def test_a_piece_that_finds_nothing_is_cut_in_halves():
+    program = parse_program("""
+name: chain
+dtype: float32
+inputs:
+  X: [8, 16]
+body: |
+  S = sum(exp(X), 1)
+outputs: [S]
+""")
+    # one kernel at most, and no exp in a block graph: exp then sum cannot be one kernel, so
+    # the 2-op piece finds nothing and is searched again as two 1-op pieces
+    limits = Limits(partition_above=1, max_piece_ops=2, max_kernel_ops=1,
+                    block_ops=("add", "accum"))
+    result = search_program(program, limits, executor=LocalExecutor())
+    pieces = result.partition["pieces"]
+    assert [(p["ops"], p["kernels"]) for p in pieces] == [(2, None), (1, 1), (1, 1)]
+    assert result.best["num_kernels"] == 2 and result.partition["verified_whole"] is True
