@@ -47,6 +47,11 @@ def test_a_nine_op_block_gets_one_verified_structure_of_several_kernels(decode_s
     assert all(p["ops"] <= Limits().max_piece_ops for p in result.partition["pieces"])
     ok, reason = verify_structure(structure, program.build())  # the whole program, again
     assert ok, reason
+    # what tuner launch / tuner search print about it
+    from tuner.pipeline import search_notes
+
+    (note,) = search_notes("decode_attention", result)
+    assert "pieces" in note and "verified against the whole program" in note
 
 
 def test_the_joined_structure_builds_and_runs_on_the_cpu(decode_search):
@@ -114,6 +119,9 @@ def test_a_search_cut_by_its_time_limit_says_so(caplog):
                                 time_limit_s=0.5)
     assert result.time_limit_hit and result.summary()["time_limit_hit"]
     assert any("time limit" in r.getMessage() for r in caplog.records)
+    from tuner.pipeline import search_notes
+
+    assert any("stopped at its time limit" in n for n in search_notes("qknorm_gqa", result))
 
 
 def test_partitioning_can_be_turned_off():
