@@ -16,9 +16,16 @@ import pytest
 from support import build_cpu
 
 from cluster import LocalExecutor, search_program, verify_structure
-from search import Limits, from_obj, load_program, parse_program, small_instance
-from search.driver import default_time_limit
-from search.partition import compute_ops, join_pieces, plan_pieces
+from search import (
+    Limits,
+    default_time_limit,
+    from_obj,
+    join_pieces,
+    load_program,
+    parse_program,
+    plan_pieces,
+    small_instance,
+)
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "benchmarks" / "programs"
 
@@ -38,7 +45,7 @@ def decode_search():
 def test_a_nine_op_block_gets_one_verified_structure_of_several_kernels(decode_search):
     result, _ = decode_search
     program = decode_attention()
-    assert len(compute_ops(program.build())) >= 9
+    assert len([op for op in program.build().ops if op.kind not in ("input", "output")]) >= 9
     assert result.best is not None and not result.time_limit_hit
     structure = from_obj(result.best["graph"])
     assert result.best["num_kernels"] >= 2
