@@ -11,7 +11,10 @@ The cut is chosen by the traffic it sends through global memory: a piece reads i
 writes the results later pieces read (or the program returns) once each, and the plan
 minimises the sum over pieces (so it keeps the most traffic on chip), with at most
 ``max_piece_ops`` ops per piece (what the search finishes in seconds), at most
-``max_outputs`` results per piece.  Ties go to fewer pieces.
+``max_outputs`` results per piece, and a cut after every matmul over a long inner dim whose
+result is contracted or reduced along its rows later (``_fusable``: the matmul and reduction
+boundaries where fusing would make every block recompute the whole first product).  Ties go
+to fewer pieces.
 
 Nothing here searches or verifies: the driver (``search.driver``) runs each piece's search and
 hands the joined structure to the caller's verifier.
@@ -84,7 +87,7 @@ def plan_pieces(program: Program, max_piece_ops: int, max_outputs: int = 2) -> l
                 if made_at.get(t, -1) < j and t not in reads:
                     reads.append(t)
             results += [t for t in ops[k].outputs if last_use[t] >= i]
-        if not results or len(results) > max_outputs:
+        if not results or len(results) > max_outputs or not _fusable(ref, ops[j:i]):
             return None
         return reads, results
 
@@ -113,6 +116,28 @@ def plan_pieces(program: Program, max_piece_ops: int, max_outputs: int = 2) -> l
                             _piece_program(program, ref, ops[j:i], reads, results, index),
                             sum(map(nbytes, reads + results))))
     return pieces
+
+
+# A matmul's inner dim a block holds whole at no cost (attention's head dim: 64, 128).
+SHORT_INNER = 128
+
+
+def _fusable(ref: KernelGraph, ops: list) -> bool:
+    """Whether one piece may hold these ops: nothing in it contracts or reduces, along a
+    row, the result of a matmul over a long inner dim computed in the same piece.  Fused in
+    one kernel, every block would need that result's whole row, so every block would compute
+    all of it and read the whole first weight (a query projection then the scores, an up
+    projection then the down projection): no parallelism, or the weight read once per block.
+    A short inner dim (gqa's Q·K over 64) costs nothing to hold whole."""
+    long_rows: set[int] = set()  # results downstream of a matmul over a long inner dim
+    for op in ops:
+        reads_long = any(t in long_rows for t in op.inputs)
+        if reads_long and (op.kind == "matmul" or OPS[op.kind].row_reduction):
+            return False
+        inner = ref.tensors[op.inputs[0]].shape[-1] if op.kind == "matmul" else 0
+        if reads_long or (op.kind == "matmul" and _concrete((inner,))[0] > SHORT_INNER):
+            long_rows.update(op.outputs)
+    return True
 
 
 def _concrete(shape: tuple) -> tuple[int, ...]:

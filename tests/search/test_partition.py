@@ -87,8 +87,8 @@ def test_the_cut_keeps_the_big_intermediate_on_chip():
 name: cut
 dtype: float32
 inputs:
-  X: [64, 256]
-  W: [256, 256]
+  X: [64, 128]
+  W: [128, 256]
 body: |
   E = exp(matmul(X, W))
   S = sum(E, 1)
@@ -98,12 +98,22 @@ outputs: [O]
 """)
     pieces = plan_pieces(program, max_piece_ops=4)
     # cutting after the matmul or exp would write and read a 64x256 tile; after four ops, two
-    # 64x1 columns (S and S*2); after the row sum, S alone
+    # 64x1 columns (S and S*2); after the row sum, S alone (the matmul's inner dim, 128, is
+    # short: one block holds it whole, so it may be fused with the row sum)
     assert [p.ops for p in pieces] == [(0, 1, 2), (3, 4, 5)]
     assert [program.build().tensors[t].shape for t in pieces[0].outputs] == [(64, 1)]
     # each piece is a program of its own, and joining their references gives the program back
     joined = join_pieces(program, pieces, [p.program.build() for p in pieces])
     assert verify_structure(joined, program.build())[0]
+
+
+def test_a_long_contraction_is_not_fused_with_what_reduces_its_rows():
+    program = load_program(str(PROGRAMS / "decode_attention.yaml"))
+    bodies = [p.program.body for p in plan_pieces(program, max_piece_ops=4)]
+    # the query projection (over 1024) ends its piece before the scores contract Q's row,
+    # and the scores (over 1024) end theirs before the softmax sums their row
+    assert bodies[0].rstrip().endswith("Q = matmul(t5, Wq)")
+    assert "exp" not in bodies[1] and "sum" in bodies[2]
 
 
 def test_no_cut_exists_below_one_op():
