@@ -47,7 +47,9 @@ def programs(spec: str | None) -> list[str]:
 
 def tune(program, structure, configs: int) -> dict:
     """Best of the default config and up to ``configs`` others (spread over the space),
-    against the library path op by op, on this cpu."""
+    against the library path op by op, on this cpu.  Every measurement times the library
+    path too, on the same inputs; both figures are the best over all of them (on loaded cores
+    a single timing of either varies by up to 100x)."""
     from kernels import IsolatedWorker, config_space, measure_program
 
     space = config_space(structure, "cpu")
@@ -55,14 +57,22 @@ def tune(program, structure, configs: int) -> dict:
     step = max(1, len(every) // max(1, configs))
     tried = [None] + every[::step][:configs]
     best: dict = {}
+    library = []
     with IsolatedWorker() as worker:
         for config in tried:
             m = measure_program(program, structure, config, worker=worker)
             if m.status != "ok":
                 continue
+            library.append(m.baseline_s)
             if not best or m.kernel_s < best["tuned_s"]:
-                best = {"tuned_s": m.kernel_s, "library_s": m.baseline_s,
-                        "config": m.config, "kernels_run": m.kernels}
+                best = {"tuned_s": m.kernel_s, "config": m.config, "kernels_run": m.kernels}
+        for _ in range(3 if best else 0):  # the winner again, beside the library path
+            m = measure_program(program, structure, best["config"], worker=worker)
+            if m.status == "ok":
+                library.append(m.baseline_s)
+                best["tuned_s"] = min(best["tuned_s"], m.kernel_s)
+    if library:
+        best["library_s"] = min(library)
     best["configs_tried"] = len(tried)
     return best
 
