@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from keyword import iskeyword
 from typing import Any
 
 from .ir import DTYPE_BYTES, OPS, KernelGraph, Program, from_obj
@@ -154,9 +155,11 @@ def _piece_program(program: Program, ref: KernelGraph, ops: list, reads: list[in
     names: dict[int, str] = {}
     taken: set[str] = set()
     for t in [*reads, *(o for op in ops for o in op.outputs)]:
-        name = ref.tensors[t].name
-        if not name or not name.isidentifier() or name in taken or name in OPS:
-            name = f"t{t}"
+        name = ref.tensors[t].name or ""
+        k = 0
+        while not name.isidentifier() or iskeyword(name) or name in taken or name in OPS:
+            name = f"t{t}" + (f"_{k}" if k else "")
+            k += 1
         names[t] = name
         taken.add(name)
     lines = []

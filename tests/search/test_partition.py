@@ -168,3 +168,25 @@ outputs: [S]
     pieces = result.partition["pieces"]
     assert [(p["ops"], p["kernels"]) for p in pieces] == [(2, None), (1, 1), (1, 1)]
     assert result.best["num_kernels"] == 2 and result.partition["verified_whole"] is True
+
+
+def test_a_piece_program_names_every_tensor_once():
+    program = parse_program("""
+name: names
+dtype: float32
+inputs:
+  t3: [4, 8]
+  W: [8, 8]
+body: |
+  t2 = exp(matmul(t3, W))
+  O = t2 * sum(t2, 1)
+outputs: [O]
+""")
+    pieces = plan_pieces(program, max_piece_ops=2)
+    for piece in pieces:  # each piece parses and builds: no name given to two tensors
+        built = piece.program.build()
+        names = [built.tensors[t].name for t in range(len(built.tensors))
+                 if built.tensors[t].name]
+        assert len(names) == len(set(names)), piece.program.body
+    joined = join_pieces(program, pieces, [p.program.build() for p in pieces])
+    assert verify_structure(joined, program.build())[0]
