@@ -16,8 +16,10 @@ result is contracted or reduced along its rows later (``_fusable``: the matmul a
 boundaries where fusing would make every block recompute the whole first product).  Ties go
 to fewer pieces.
 
-Nothing here searches or verifies: the driver (``search.driver``) runs each piece's search and
-hands the joined structure to the caller's verifier.
+``search_in_pieces`` plans, has each piece searched by the function it is given (the
+driver's ``run_search`` on the caller's executor: ``search.driver``), re-cuts a piece that
+finds nothing and joins; nothing here enumerates or verifies, and the driver hands the joined
+structure to the caller's verifier.
 """
 
 from __future__ import annotations
@@ -54,10 +56,6 @@ class Piece:
 def compute_ops(graph: KernelGraph) -> list:
     """The ops that are kernels of the reference (not inputs, not output marks)."""
     return [op for op in graph.ops if op.kind not in ("input", "output")]
-
-
-def count_ops(program: Program) -> int:
-    return len(compute_ops(program.build()))
 
 
 def plan_pieces(program: Program, max_piece_ops: int, max_outputs: int = 2) -> list[Piece]:
