@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from search import Limits, SearchResult, ShardResult, run_search
-from search.ir import Program
+from search.ir import KernelGraph, Program, small_instance
 from verifier import DEFAULT_TESTS
 
 from .runtime import Executor, make_executor
+from .search_tasks import verify_structure
 
 
 def search_program(program: Program, limits: Limits | None = None, *, workers: int = 1,
@@ -26,15 +27,23 @@ def search_program(program: Program, limits: Limits | None = None, *, workers: i
     """Search ``program`` for verified structures; ranks them (fewest kernels first).
 
     Without ``executor``, one is made (Ray with ``workers`` CPUs, or joined at ``address``)
-    and closed at the end.  ``done`` and ``on_shard``: see ``search.run_search``.  The
-    result's ``reissued`` names the straggling shards this search copied to idle workers.
+    and closed at the end.  ``done``, ``on_shard`` and the default time limit: see
+    ``search.run_search``.  The result's ``reissued`` names the straggling shards this search
+    copied to idle workers.  A program big enough to be searched in pieces gets one structure
+    of the pieces' kernels, verified here against the whole program.
     """
+    small = small_instance(program).build()
+
+    def verify(structure: KernelGraph) -> tuple[bool, str]:
+        return verify_structure(structure, small, tests)
+
     own = executor is None
     executor = executor or make_executor(workers, address)
     before = len(getattr(executor, "reissued", ()))
     try:
         result = run_search(program, limits, executor, time_limit_s=time_limit_s, tests=tests,
-                            on_progress=on_progress, done=done, on_shard=on_shard)
+                            on_progress=on_progress, done=done, on_shard=on_shard,
+                            verify=verify)
         result.reissued = list(getattr(executor, "reissued", ())[before:])
         return result
     finally:

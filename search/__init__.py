@@ -1,12 +1,14 @@
 """The µGraph search: abstract expressions (egglog), the enumerator, the deepening driver
-(``run_search``), the device-free ranking and the random program generator, standing on the
-IR (``search.ir``), whose names this face also re-exports (``from search import Program``).
+(``run_search``, with its default time limit), partitioning big programs into pieces
+(``plan_pieces``, ``join_pieces``), the device-free ranking and the random program
+generator, standing on the IR (``search.ir``), whose names this face also re-exports
+(``from search import Program``).
 
 Imports nothing else of ours.  Packages that need only the IR (``verifier``, ``kernels``,
 ``costmodel``) import ``search.ir``, not this face.
 """
 
-from .driver import Executor, SearchResult, ShardResult, run_search
+from .driver import Executor, SearchResult, ShardResult, default_time_limit, run_search
 from .enumerate import plan_configs, run_shard, split_shard
 from .generate import random_program, random_program_doc
 from .ir import (
@@ -56,14 +58,16 @@ from .ir import (
     to_json,
     to_obj,
 )
+from .partition import Piece, join_pieces, plan_pieces
 from .ranking import describe, rank
 from .space import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Context, Limits, Shard, Stats
 
 __all__ = [
     # the search
-    "DEFAULT_BLOCK_OPS", "DEFAULT_KERNEL_OPS", "Context", "Executor", "Limits", "SearchResult",
-    "Shard", "ShardResult", "Stats", "describe", "plan_configs", "random_program",
-    "random_program_doc", "rank", "run_search", "run_shard", "split_shard",
+    "DEFAULT_BLOCK_OPS", "DEFAULT_KERNEL_OPS", "Context", "Executor", "Limits", "Piece",
+    "SearchResult", "Shard", "ShardResult", "Stats", "default_time_limit", "describe",
+    "join_pieces", "plan_configs", "plan_pieces", "random_program", "random_program_doc",
+    "rank", "run_search", "run_shard", "split_shard",
     # the IR, re-exported from search.ir
     "ACCUM_KINDS", "BINARY_OPS", "BLOCK", "COMPUTE_OPS", "DTYPES", "DTYPE_BYTES", "EGG_FUNCTIONS",
     "ELEMENTWISE_OPS", "EXTRA", "GRID_DIMS", "HANDWRITTEN", "KERNEL", "LAYOUTS", "MAX_RANK", "OPS",

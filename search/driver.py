@@ -12,15 +12,19 @@ imports nothing outside ``search``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from .enumerate import Context, Limits, Shard, Stats, plan_configs, split_shard
 from .ir import KernelGraph, Program, from_obj, small_instance, structural_hash, to_obj
+from .partition import compute_ops, search_in_pieces
 from .ranking import describe, flops, rank
+
+log = logging.getLogger("search")
 
 
 class Executor(Protocol):
@@ -75,6 +79,16 @@ WASTE_EXTRA_OPS = 2
 # better)
 WASTE_RATIO = 1.05
 SPLIT_FROM_OPS = 7  # with several workers, shards of this many block ops or more are split
+# The time limit when the caller sets none, per compute op of the program: the suite's
+# slowest search (qknorm_gqa, 7 ops) takes 100-150 s with one worker on 2 loaded cores, inside
+# its 210 s; a partitioned program's pieces take seconds each.
+SECONDS_PER_OP = 30.0
+
+
+def default_time_limit(ops: int) -> float:
+    """The search's time limit, in seconds, for a program of ``ops`` compute ops when the
+    caller gives none: it scales with the program."""
+    return SECONDS_PER_OP * max(1, ops)
 
 
 @dataclass
@@ -91,6 +105,15 @@ class SearchResult:
     limits: Limits
     unfinished: list[str] = field(default_factory=list)
     reissued: list[str] = field(default_factory=list)  # shards the executor ran twice
+    time_limit_s: float | None = None  # the limit in force (the caller's or the default)
+    # a partitioned search: its pieces (one report each) and the whole structure's verdict
+    partition: dict | None = None
+
+    @property
+    def time_limit_hit(self) -> bool:
+        """Whether the search (or one of its pieces) stopped at its time limit: what it
+        found is the best so far, not all there is within the other limits."""
+        return self.stats.timed_out
 
     @property
     def best(self) -> dict | None:
@@ -106,6 +129,8 @@ class SearchResult:
             "first_single_kernel_s": self.first_single_kernel_s,
             "saturation": self.saturation, "limits": _limits_dict(self.limits),
             "unfinished_configs": self.unfinished, "reissued_shards": self.reissued,
+            "time_limit_s": self.time_limit_s, "time_limit_hit": self.time_limit_hit,
+            "partition": self.partition,
             "structures": [{k: v for k, v in s.items() if k != "graph"}
                            for s in self.structures],
             "best": ({k: v for k, v in self.best.items() if k != "graph"}
@@ -123,9 +148,19 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
                time_limit_s: float | None = None, tests: int | None = None,
                on_progress: Callable[[dict], None] | None = None,
                done: Mapping[str, ShardResult] | None = None,
-               on_shard: Callable[[ShardResult], None] | None = None) -> SearchResult:
+               on_shard: Callable[[ShardResult], None] | None = None,
+               verify: Callable[[KernelGraph], tuple[bool, str]] | None = None
+               ) -> SearchResult:
     """Search ``program`` for verified structures on ``executor``; ranks them (fewest kernels
     first).  The caller owns the executor (this does not close it).
+
+    ``time_limit_s``: None means ``limits.time_limit_s`` or else ``default_time_limit`` of the
+    program's op count; the result says whether it was hit (``time_limit_hit``, and a log
+    line).  A program of more than ``limits.partition_above`` ops is searched in pieces
+    (``search.partition``), each piece on ``executor``, and the pieces' best structures are
+    joined into one; ``verify(structure) -> (ok, reason)`` checks the joined structure against
+    the whole program (the caller's verifier: this package has none), and a structure it
+    rejects is not returned.
 
     ``tests``: random tests per candidate, passed to the shard task in the payload (None: the
     task's default).  ``done`` holds shards finished by an earlier, interrupted run (by shard
@@ -135,7 +170,14 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
     """
     start = time.perf_counter()
     reference = program.build()
-    limits = (limits or Limits()).for_program(len(reference.input_ids))
+    given = limits or Limits()
+    limits = given.for_program(len(reference.input_ids))
+    ops = len(compute_ops(reference))
+    if time_limit_s is None:
+        time_limit_s = limits.time_limit_s or default_time_limit(ops)
+    if limits.partition_above is not None and ops > limits.partition_above:
+        return _search_pieces(program, given, executor, time_limit_s, tests, on_progress,
+                              done or {}, on_shard, verify, start)
     small = small_instance(program).build()
     ctx = Context.build(reference, limits)
     payload = {"reference": to_obj(reference), "small": to_obj(small),
@@ -172,11 +214,82 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
     totals.timed_out |= _past(payload)
     structures = rank([describe(h, g) for h, g in verified.items()])
     sat = ctx.target
-    return SearchResult(program.name, time.perf_counter() - start, totals, verified,
-                        structures, len(results), checked, first_single,
-                        {"nodes": sat.nodes, "iterations": sat.iterations,
-                         "saturated": sat.saturated, "seconds": round(sat.seconds, 3)},
-                        limits, unfinished)
+    result = SearchResult(program.name, time.perf_counter() - start, totals, verified,
+                          structures, len(results), checked, first_single,
+                          {"nodes": sat.nodes, "iterations": sat.iterations,
+                           "saturated": sat.saturated, "seconds": round(sat.seconds, 3)},
+                          limits, unfinished, time_limit_s=time_limit_s)
+    _say_if_cut(result)
+    return result
+
+
+def _say_if_cut(result: SearchResult) -> None:
+    if result.time_limit_hit:
+        log.warning("%s: the search stopped at its time limit (%.0f s) after %.1f s; %d "
+                    "verified structure(s) so far (set a longer time limit for more)",
+                    result.program, result.time_limit_s or 0, result.elapsed_s,
+                    len(result.verified))
+
+
+def _search_pieces(program: Program, limits: Limits, executor: Executor, time_limit_s: float,
+                   tests: int | None, on_progress: Callable[[dict], None] | None,
+                   done: Mapping[str, ShardResult],
+                   on_shard: Callable[[ShardResult], None] | None,
+                   verify: Callable[[KernelGraph], tuple[bool, str]] | None,
+                   start: float) -> SearchResult:
+    """``run_search`` of a program cut into pieces: each piece searched alone on the
+    executor (its shard ids, as ``done`` and ``on_shard`` see them, prefixed by the piece's
+    name), their best structures joined, the joined structure verified by ``verify``."""
+    piece_limits = replace(limits, partition_above=None)
+    seen = {"states": 0, "verified": 0}
+
+    def search_piece(piece: Program, limit: float) -> SearchResult:
+        tag = f"{piece.name}/"
+        mine = {sid[len(tag):]: replace(res, shard_id=res.shard_id[len(tag):])
+                for sid, res in done.items() if sid.startswith(tag)}
+
+        def saved(res: ShardResult) -> None:
+            if on_shard is not None:
+                on_shard(replace(res, shard_id=tag + res.shard_id))
+
+        def progress(info: dict) -> None:
+            if on_progress is not None:
+                on_progress({**info, "states": seen["states"] + info["states"],
+                             "elapsed_s": time.perf_counter() - start, "piece": piece.name})
+
+        res = run_search(piece, piece_limits, executor, time_limit_s=limit, tests=tests,
+                         on_progress=progress, done=mine, on_shard=saved)
+        seen["states"] += res.stats.states
+        return res
+
+    found = search_in_pieces(program, search_piece, max_piece_ops=limits.max_piece_ops,
+                             max_outputs=limits.max_block_outputs,
+                             deadline=time.time() + time_limit_s - (time.perf_counter() - start))
+    verified: dict[str, KernelGraph] = {}
+    whole: dict[str, Any] = {"pieces": found.pieces, "verified_whole": None, "reason": ""}
+    if found.structure is None:
+        whole["reason"] = "a piece found no structure, even cut down to single ops"
+    else:
+        ok, reason = verify(found.structure) if verify else (
+            True, "not checked as a whole (no verifier given); every piece verified")
+        whole["verified_whole"] = ok if verify else None
+        whole["reason"] = reason
+        if ok:
+            verified[structural_hash(found.structure)] = found.structure
+        else:
+            log.warning("%s: the joined structure of %d pieces failed verification (%s)",
+                        program.name, len(found.pieces), reason)
+    if on_progress:
+        on_progress({"states": found.stats.states, "verified": len(verified),
+                     "elapsed_s": time.perf_counter() - start})
+    result = SearchResult(program.name, time.perf_counter() - start, found.stats, verified,
+                          rank([describe(h, g) for h, g in verified.items()]), found.shards,
+                          found.checked, None, {"saturated": found.saturated,
+                                                "pieces": len(found.pieces)},
+                          limits.for_program(len(program.inputs)), found.unfinished,
+                          time_limit_s=time_limit_s, partition=whole)
+    _say_if_cut(result)
+    return result
 
 
 def _past(payload: dict) -> bool:

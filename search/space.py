@@ -40,6 +40,11 @@ class Limits:
     # a configuration stops deepening this many ops past the smallest block graph verified
     # in any configuration (None: deepen every configuration to max_block_ops)
     max_extra_ops: int | None = 1
+    # a program of more compute ops than this is searched in pieces of at most max_piece_ops
+    # consecutive ops, joined into one structure of several kernels (None: never partition;
+    # search.partition)
+    partition_above: int | None = 7
+    max_piece_ops: int = 4
 
     def __post_init__(self) -> None:
         for name in (*self.kernel_ops, *self.block_ops):
@@ -49,6 +54,10 @@ class Limits:
             raise ValueError("max_grid_dims must be 1, 2 or 3")
         if self.max_block_inputs is not None and self.max_block_inputs < 1:
             raise ValueError("max_block_inputs must be at least 1 (or None: adaptive)")
+        if self.partition_above is not None and self.partition_above < 1:
+            raise ValueError("partition_above must be at least 1 (or None: never partition)")
+        if self.max_piece_ops < 1:
+            raise ValueError("max_piece_ops must be at least 1")
 
     def for_program(self, n_inputs: int) -> Limits:
         """These limits with an adaptive ``max_block_inputs`` resolved for a program of

@@ -111,6 +111,8 @@ def test_sections_map_onto_limits_and_samplers() -> None:
           kernel_ops: [exp, sum]
           block_ops: [exp, sum, div, accum]
           time_limit_s: 12.5
+          partition_above: 9
+          max_piece_ops: 3
         tuning: {trials_per_structure: 4, time_budget_s: 30, sampler: GRID, seed: 7}
         devices: [cpu, cuda:1]
         cluster: {address: auto, workers: 3}
@@ -119,7 +121,8 @@ def test_sections_map_onto_limits_and_samplers() -> None:
     assert job.search.limits() == Limits(max_kernel_ops=2, max_block_ops=6, max_block_inputs=2,
                                          max_grid_dims=3, kernel_ops=("exp", "sum"),
                                          block_ops=("exp", "sum", "div", "accum"),
-                                         time_limit_s=12.5)
+                                         time_limit_s=12.5, partition_above=9,
+                                         max_piece_ops=3)
     assert job.tuning.sampler == "grid" and job.tuning.seed == 7
     assert type(job.tuning.make_sampler()).__name__ == "BruteForceSampler"
     assert job.devices == ("cpu", "cuda:1")

@@ -10,6 +10,7 @@ from cluster import SearchResult, search_program
 from search import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Limits, load_program
 
 from ..api import InputError, parse_pairs
+from ..pipeline import search_notes
 from ._console import Progress
 
 # the progress line of `tuner search` (`tuner launch` leaves out the word "elapsed")
@@ -23,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override a parameter (batch=8) or an input shape (X=16x1024)")
     p.add_argument("--workers", type=int, default=1, help="Ray workers (default 1)")
     p.add_argument("--address", help="join a running Ray cluster instead of starting one")
-    p.add_argument("--time-limit", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="stop after S seconds (default: 30 s per compute op of the program)")
     p.add_argument("--max-kernel-ops", type=int, default=Limits.max_kernel_ops)
     p.add_argument("--max-block-ops", type=int, default=Limits.max_block_ops)
     p.add_argument("--max-block-inputs", type=int, default=Limits.max_block_inputs,
@@ -34,6 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"(default: {','.join(DEFAULT_BLOCK_OPS)})")
     p.add_argument("--kernel-ops", help="comma-separated predefined kernel ops "
                    f"(default: {','.join(DEFAULT_KERNEL_OPS)})")
+    p.add_argument("--partition-above", type=int, default=Limits.partition_above,
+                   metavar="N", help="search a program of more than N ops in pieces, joined "
+                   f"into one structure of several kernels (default {Limits.partition_above})")
+    p.add_argument("--no-partition", action="store_true",
+                   help="always search the program whole")
+    p.add_argument("--max-piece-ops", type=int, default=Limits.max_piece_ops, metavar="N",
+                   help=f"ops per piece (default {Limits.max_piece_ops})")
     p.add_argument("--no-prune", action="store_true",
                    help="turn abstract-expression pruning off (for checking the pruning)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -44,12 +53,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _limits(args: argparse.Namespace) -> Limits:
     kw: dict = {"max_kernel_ops": args.max_kernel_ops, "max_block_ops": args.max_block_ops,
                 "max_block_inputs": args.max_block_inputs,
-                "max_grid_dims": args.max_grid_dims, "prune": not args.no_prune}
+                "max_grid_dims": args.max_grid_dims, "prune": not args.no_prune,
+                "partition_above": None if args.no_partition else args.partition_above,
+                "max_piece_ops": args.max_piece_ops}
     if args.block_ops:
         kw["block_ops"] = tuple(x.strip() for x in args.block_ops.split(",") if x.strip())
     if args.kernel_ops:
         kw["kernel_ops"] = tuple(x.strip() for x in args.kernel_ops.split(",") if x.strip())
-    for name in ("max_kernel_ops", "max_block_ops", "max_block_inputs"):
+    for name in ("max_kernel_ops", "max_block_ops", "max_block_inputs", "partition_above",
+                 "max_piece_ops"):
         if kw[name] is not None and kw[name] < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
     try:
@@ -95,12 +107,15 @@ def cmd_search(args: argparse.Namespace) -> int:
     print(f"{program.name}: {summary['verified']} verified structure(s) in "
           f"{time.perf_counter() - start:.1f}s ({summary['states_explored']:,} states, "
           f"{summary['pruned']:,} pruned, {summary['checked']} checked)")
+    for line in search_notes(program.name, result):
+        print(line)
     if not result.structures:
         lim = summary["limits"]
         print(f"nothing found within the limits: max {lim['max_kernel_ops']} kernel ops, "
               f"{lim['max_block_ops']} block ops, {lim['max_block_inputs']} block inputs, "
               f"{lim['max_grid_dims']} grid dims"
-              + (", time limit reached" if result.stats.timed_out else "")
+              + (f", time limit {result.time_limit_s:.0f} s reached" if result.time_limit_hit
+                 else "")
               + "; try raising them")
         return 0
     print(f"{'rank':>4}  {'hash':<12} {'kernels':>7} {'graph':>5} {'MB moved':>9} "

@@ -68,7 +68,9 @@ class SearchSpec:
     max_grid_dims: int = Limits.max_grid_dims
     block_ops: tuple[str, ...] = DEFAULT_BLOCK_OPS
     kernel_ops: tuple[str, ...] = DEFAULT_KERNEL_OPS
-    time_limit_s: float | None = None
+    time_limit_s: float | None = None  # None: search.default_time_limit of the program's ops
+    partition_above: int | None = Limits.partition_above
+    max_piece_ops: int = Limits.max_piece_ops
 
     def limits(self) -> Limits:
         return Limits(**asdict(self))

@@ -104,7 +104,8 @@ class _Parser(NodeReader):
                 "max_grid_dims": lambda n, p: self.integer(n, p, 1, 3),
                 "block_ops": lambda n, p: self.op_list(n, p, BLOCK_LEVEL_OPS, "block"),
                 "kernel_ops": lambda n, p: self.op_list(n, p, KERNEL_LEVEL_OPS, "kernel"),
-                "time_limit_s": self.seconds}),
+                "time_limit_s": self.seconds, "partition_above": count,
+                "max_piece_ops": count}),
             tuning=self.section(get("tuning"), "tuning", TuningSpec, {
                 "trials_per_structure": count, "structures": count,
                 "time_budget_s": self.seconds, "trial_timeout_s": self.seconds,

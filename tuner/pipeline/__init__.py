@@ -16,6 +16,7 @@ from .ugraph import (
     VERIFY_SYMBOL,
     VERIFY_TESTS,
     UGraphPipeline,
+    search_notes,
     small_instance_shapes,
     structure_verification,
 )
@@ -23,5 +24,5 @@ from .ugraph import (
 __all__ = ["PIPELINES", "VERIFY_SYMBOL", "VERIFY_TESTS", "JobRun", "LaunchResult",
            "LibraryCandidate", "ProgramPipeline", "ProgramReport", "ProgressSink",
            "RecordedSpacePipeline", "RunContext", "UGraphPipeline", "check_cluster_gpus",
-           "check_devices", "launch", "optuna_storage", "pipeline_for", "prepare",
+           "check_devices", "launch", "optuna_storage", "pipeline_for", "prepare", "search_notes",
            "small_instance_shapes", "structure_verification"]

@@ -43,6 +43,25 @@ VERIFY_TESTS = DEFAULT_TESTS
 VERIFY_SYMBOL = 2
 
 
+def search_notes(name: str, result: SearchResult) -> list[str]:
+    """What a launch (and ``tuner search``) says about a search beyond its counts: the
+    pieces a big program was searched in, and a time limit that cut the search short."""
+    notes = []
+    part = result.partition
+    if part is not None:
+        sizes = "+".join(str(p["ops"]) for p in part["pieces"])
+        verdict = {True: "verified against the whole program", False: "REJECTED by the "
+                   "verifier", None: "not verified as a whole"}[part["verified_whole"]]
+        kernels = f"{result.best['num_kernels']} kernels, " if result.best else ""
+        notes.append(f"{name}: searched in {len(part['pieces'])} pieces of {sizes} ops; "
+                     f"joined structure: {kernels}{verdict} ({part['reason']})")
+    if result.time_limit_hit:
+        notes.append(f"{name}: the search stopped at its time limit "
+                     f"({result.time_limit_s or 0:.0f} s): what it found is the best so far "
+                     "(raise search.time_limit_s / --time-limit for more)")
+    return notes
+
+
 class UGraphPipeline(ProgramPipeline):
     """A program of the job (built-in, file or inline) through search and tuning."""
 
@@ -86,6 +105,8 @@ class UGraphPipeline(ProgramPipeline):
             " by the roofline estimate of each device"
             + (f" ({len(result.reissued)} straggling shard(s) re-issued)"
                if result.reissued else ""))
+        for line in search_notes(program.name, result):
+            log(line)
         self.confirmed: dict[str, ConfirmOutcome] = {}
 
     def devices(self, pools: dict[str, SlotPool]
