@@ -189,6 +189,15 @@ class Device(ABC):
         out["wall_s"] = time.perf_counter() - t0
         return out
 
+    def run_trials(self, structure: KernelGraph, reference: KernelGraph,
+                   configs: Sequence[Mapping[str, int]], *, seed: int = 0,
+                   timing: Mapping | None = None, worker: IsolatedWorker | None = None,
+                   timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """``run_trial`` of each config, in order; a device that can build many kernels at
+        once (the cpu: one compiler call and one worker job for many) overrides this."""
+        return [self.run_trial(structure, reference, c, seed=seed, timing=timing,
+                               worker=worker, timeout_s=timeout_s) for c in configs]
+
 
 def field_check(reference: KernelGraph, bound: KernelGraph, tests: int = 2) -> str | None:
     """None when ``bound`` equals ``reference`` in the finite field at these shapes, else why.

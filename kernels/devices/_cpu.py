@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,17 @@ class CpuDevice(Device):
 
     def worker_env(self) -> dict[str, str | None]:
         return dict(default_env() if self._env is None else self._env)
+
+    def run_trials(self, structure: KernelGraph, reference: KernelGraph,
+                   configs: Sequence[Mapping[str, int]], *, seed: int = 0,
+                   timing: Mapping | None = None, worker: IsolatedWorker | None = None,
+                   timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """Every config's trial, built and timed as batches (``kernels.devices._batch``)."""
+        from ._batch import cpu_trials
+        from ._isolate import default_worker
+
+        return cpu_trials(self, structure, reference, configs, seed=seed, timing=timing,
+                          worker=worker or default_worker(), timeout_s=timeout_s)
 
     def execute(self, plan: KernelPlan, source: str, inputs: list[np.ndarray],
                 want: Expected | None, *, timing: dict | None, worker: IsolatedWorker | None,

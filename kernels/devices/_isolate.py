@@ -233,6 +233,40 @@ class IsolatedWorker:
             res.payload.setdefault("library", spec["library"])
         return res
 
+    def run_batch(self, library: str | Path, functions: list[str], inputs: list[np.ndarray],
+                  expected: list[np.ndarray], output_shapes: list[tuple[int, ...]], *,
+                  rtol: float, atol: float, timing: dict | None,
+                  env: Mapping[str, str | None] | None = None, timeout_s: float = 60.0
+                  ) -> list[RunResult]:
+        """Run, check and time every entry point ``functions`` of one compiled ``library`` on
+        the same ``inputs`` (one job: the arrays travel once, the library is opened once);
+        one ``RunResult`` per function, in order.  A function that crashes the worker or
+        runs past ``timeout_s`` is that function's ``runtime_error`` / ``timeout``; the
+        worker is replaced and the functions after it still run."""
+        spec = _validate({"library": str(library), "inputs": inputs, "expected": expected,
+                          "outputs": output_shapes, "rtol": rtol, "atol": atol,
+                          "timing": timing, "env": dict(env or {})})
+        if not functions:
+            return []
+        with self._lock:
+            self._jobs += 1
+            jobdir = self._dir / f"job{self._jobs}"
+            jobdir.mkdir()
+            try:
+                for i, a in enumerate(spec["inputs"]):
+                    np.save(jobdir / f"in{i}.npy", np.ascontiguousarray(a))
+                for i, a in enumerate(spec["expected"]):
+                    np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
+                msg = {k: spec[k] for k in ("library", "output_shapes", "rtol", "atol",
+                                            "timing", "output_fill")}
+                msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
+                           n_expected=len(spec["expected"]), functions=list(functions))
+                from ._batch import BatchRunner
+
+                return BatchRunner(self, msg, spec["env"], len(functions), timeout_s).run()
+            finally:
+                shutil.rmtree(jobdir, ignore_errors=True)
+
     def _run_locked(self, spec: dict, timeout_s: float) -> RunResult:
         try:
             self.start(spec["env"])
