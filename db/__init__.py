@@ -21,6 +21,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL
 
 from db import _migrate
+from db._bulk import record_trials
 from db._engine import DEFAULT_URL, make_engine, normalize_url, sqlite_file
 from db._learning import (
     ALL_DEVICES,
@@ -105,6 +106,7 @@ __all__ = [
     "newest_measurement_id",
     "normalize_url",
     "record_measured_space",
+    "record_trials",
     "save_model",
     "shapes_key",
     "sqlite_file",

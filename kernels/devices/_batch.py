@@ -104,7 +104,8 @@ def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph
                configs: Sequence[Mapping[str, int]], *, seed: int = 0,
                timing: Mapping | None = None, worker: IsolatedWorker,
                timeout_s: float = 60.0) -> list[dict[str, Any]]:
-    """``run_trial`` of every config (same checks, same timing loop, same result dicts),
+    """``run_trial`` of every config (same checks, same timing loop, same result dicts, plus
+    ``phases``: each config's share of the batch's preparing, compiling and running seconds),
     compiled and run as batches (see the module docstring)."""
     from ._base import TRIAL_TIMING, field_check
 
@@ -134,6 +135,8 @@ def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph
         todo.append(len(results) - 1)
         sources.append(out["source"])
         plans.append(plan)
+    t_prepared = time.perf_counter()
+    t_built = t_prepared
     if todo:
         xs = device.stored(plans[0], random_inputs(reference, seed))
         want = expected(reference, xs, device.compute_dtype(plans[0]))
@@ -142,6 +145,7 @@ def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph
             unique.setdefault(src, len(unique))
         distinct = list(unique)
         built = compile_units(distinct, units(distinct))
+        t_built = time.perf_counter()
         runs: dict[int, RunResult] = {}
         libs: dict[Path, list[tuple[int, str]]] = {}
         for k, b in built.items():
@@ -158,9 +162,12 @@ def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph
             runs.update(zip((k for k, _ in entries), replies, strict=True))
         for j, src in zip(todo, sources, strict=True):
             _fill(results[j], runs[unique[src]])
-    per = (time.perf_counter() - t0) / max(1, len(configs))
+    t_end, n = time.perf_counter(), max(1, len(configs))
+    phases = {"prepare_s": (t_prepared - t0) / n, "compile_s": (t_built - t_prepared) / n,
+              "run_s": (t_end - t_built) / n}  # each config's share of the batch's time
     for out in results:
-        out["wall_s"] = per
+        out["wall_s"] = (t_end - t0) / n
+        out["phases"] = phases
     return results
 
 
