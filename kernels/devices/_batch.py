@@ -30,6 +30,7 @@ from search.ir import KernelGraph, ShapeError
 from ._check import expected, random_inputs
 from ._compile import CompileError, compile_cpp
 from ._isolate import RunResult, _signal_text
+from ._noise import timing_noise
 from ._status import COMPILE_ERROR, INVALID, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT
 
 if TYPE_CHECKING:
@@ -179,7 +180,8 @@ def _fill(out: dict[str, Any], res: RunResult) -> None:
         out["max_error"] = max(errs)
     tm = res.payload.get("timing")
     if res.status == OK and tm:
-        out.update(median_s=tm["median_s"], spread_s=tm["iqr_s"], samples=tm["samples_s"])
+        out.update(median_s=tm["median_s"], spread_s=tm["iqr_s"], samples=tm["samples_s"],
+                   noise=timing_noise(tm))
     elif res.status == OK:
         out.update(status=RUNTIME_ERROR, message="the kernel ran but was not timed")
 

@@ -76,6 +76,19 @@ def other_runnable(samples: int = 5, interval_s: float = 0.01) -> float:
     return float(np.median(counts))
 
 
+def machine_load() -> str | None:
+    """Why this machine is too busy for trustworthy cpu timings now, or None
+    (``_noise.loaded`` of the run queue beside this process and the kernels' thread count)."""
+    from ._noise import loaded
+
+    cores = os.cpu_count() or 1
+    try:
+        threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0]))
+    except ValueError:
+        threads = cores
+    return loaded(other_runnable(), cores, threads)
+
+
 class CpuDevice(Device):
     """This machine's CPU (all the cores this process may use)."""
 
