@@ -35,7 +35,7 @@ def record_trials(database: Database, structure_id: int, device_key: str,
     (a config that did not lower) are not stored (id -1)."""
     device_key = check_key(device_key, "device_key", KEY_LEN)
     now = utcnow()
-    rows = []
+    rows: list[tuple[dict[str, Any], dict[str, Any]] | None] = []
     for r in results:
         status = r["status"]
         if status not in MEASUREMENT_STATUSES:

@@ -135,6 +135,7 @@ class UGraphPipeline(ProgramPipeline):
         if best is not None:
             rep.best_s, rep.best_structure = best.time_s, best.structure_hash
             rep.best_config = best.config
+            rep.uncertain = best.uncertain
             rep.baseline_s = rep.baseline_s or best.baseline_s
             rep.tuned_s = library.tuned_s
         rep.tune_s = time.perf_counter() - t1
@@ -152,6 +153,9 @@ class UGraphPipeline(ProgramPipeline):
         else:
             self.ctx.log(f"{name} on {pool.key}: {rep.trials} trial(s), best "
                          f"{ms(rep.best_s)}{confirmed} vs numpy {ms(rep.baseline_s)}")
+        if rep.uncertain:
+            self.ctx.log(f"{name} on {pool.key}: the best is UNCERTAIN: {rep.uncertain}; "
+                         "launch again on a quiet machine to settle it")
         return f"{name}@{device}", {"search_s": round(self.search_s, 3),
                                     "tune_s": round(rep.tune_s, 3)}
 
