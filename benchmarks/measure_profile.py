@@ -15,8 +15,8 @@ own:
   translation unit, compiled by one compiler call, checked and timed by one worker job, and
   written in one transaction.
 
-The compiler's fixed cost (``g++`` on an empty file with the kernels' flags) is printed
-first.  Figures are wall seconds on this machine; on a machine shared with other work they
+The compiler's fixed cost (``g++`` on an empty file, and on the kernels' shared prelude,
+with the kernels' flags) is printed first.  Figures are wall seconds on this machine; on a machine shared with other work they
 are slower than on a quiet one, but the two paths run interleaved on the same configs, so
 their ratio is fair.
 """
@@ -40,6 +40,7 @@ from cluster.runtime import LocalExecutor  # noqa: E402
 from kernels import config_space, rank_structures  # noqa: E402
 from kernels.devices import CpuDevice, IsolatedWorker, cpp_flags, field_check  # noqa: E402
 from kernels.devices._base import TRIAL_TIMING  # noqa: E402
+from kernels.devices._batch import MARKER  # noqa: E402
 from kernels.devices._check import expected, random_inputs  # noqa: E402
 from kernels.devices._compile import compile_cpp  # noqa: E402
 from kernels.devices._isolate import run_isolated  # noqa: E402
@@ -47,8 +48,26 @@ from kernels.lowering import concretize  # noqa: E402
 from search import random_program, run_search, to_obj  # noqa: E402
 from verifier import well_conditioned  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from dataset import sample_configs  # noqa: E402
+
 PHASES = ("lower", "field_check", "render", "reference", "compile", "worker_io", "check",
           "timing", "database")
+
+
+def cold_cache(path: Path) -> None:
+    """Compile into an empty cache at ``path`` from now on (TUNER_CACHE_DIR), keeping the
+    machine's measured facts (its copy bandwidth: measured again, under load, it would change
+    the cpu's spec and cost seconds)."""
+    import shutil
+
+    from kernels.machine import cache_root
+
+    facts = [f for f in cache_root().glob("*.json")]
+    path.mkdir(parents=True, exist_ok=True)
+    for f in facts:
+        shutil.copy(f, path / f.name)
+    os.environ["TUNER_CACHE_DIR"] = str(path)
 
 
 def structures_of(seed: int, search_s: float) -> tuple:
@@ -60,19 +79,6 @@ def structures_of(seed: int, search_s: float) -> tuple:
     reference = program.build()
     graphs = [result.verified[s["hash"]] for s in result.structures] or [reference]
     return program, reference, graphs, spent
-
-
-def sample_configs(space, n: int, seed: int) -> list[dict]:
-    import random
-
-    configs = []
-    for c in space.configs():
-        configs.append(c)
-        if len(configs) >= 4 * n:
-            break
-    random.Random(seed).shuffle(configs)
-    out = [dict(space.default)] + [c for c in configs if c != space.default]
-    return out[:n]
 
 
 def one_by_one(device: CpuDevice, worker: IsolatedWorker, database: db.Database, sid: int,
@@ -136,11 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="measure-profile-"))
-    os.environ["TUNER_CACHE_DIR"] = str(tmp / "cache")  # every compile is cold
+    cold_cache(tmp / "cache")  # every compile is cold
     device = CpuDevice()
     database = db.connect(f"sqlite:///{tmp / 'profile.db'}")
-    empty = tmp / "empty.cpp"
-    empty.write_text('extern "C" void kernel(float** i, float** o) {}\n')
     t0 = time.perf_counter()
     for i in range(3):
         compile_cpp(f'extern "C" void kernel{i}(float** a, float** b) {{}}\n')
@@ -148,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
 
     phases: dict[str, float] = defaultdict(float)
     statuses: dict[str, int] = defaultdict(int)
+    batched: dict[str, float] = defaultdict(float)
+    walls: dict[str, float] = defaultdict(float)
+    batched_ok = 0
+    prelude_s: float | None = None
     search_s = 0.0
     trials = 0
-    wall0 = time.perf_counter()
     with IsolatedWorker() as worker:
         for seed in range(args.seed, args.seed + args.programs):
             program, reference, graphs, spent = structures_of(seed, args.search_seconds)
@@ -161,29 +168,61 @@ def main(argv: list[str] | None = None) -> int:
                 graph = graphs[k]
                 sid = database.record_structure(pid, f"s{seed}-{k}", to_obj(graph), {}, 1)
                 space = config_space(graph, device.spec)
-                for config in sample_configs(space, args.configs, seed):
+                configs = sample_configs(space, args.configs, seed)
+                if prelude_s is None:  # the compiler on the shared prelude alone
+                    src = device.render(device.lower(graph, space.default, "trial"))
+                    t0 = time.perf_counter()
+                    compile_cpp(src.split(MARKER, 1)[0] + "\n")
+                    prelude_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                for config in configs:
                     statuses[one_by_one(device, worker, database, sid, graph, reference,
                                         config, phases)] += 1
                     trials += 1
-    wall = time.perf_counter() - wall0 - search_s
-    out = {"cpu": _cpu(), "flags": " ".join(cpp_flags()), "compiler_start_s": compiler_start,
+                walls["one-by-one"] += time.perf_counter() - t0
+                cold_cache(tmp / f"cache-batch-{seed}-{k}")
+                t0 = time.perf_counter()
+                results = device.run_trials(graph, reference, configs, worker=worker)
+                t1 = time.perf_counter()
+                ids = db.record_trials(database, sid, device.key,
+                                       [{**r, "config": {**r["config"], "batch": 1}}
+                                        for r in results])
+                batched["database"] += time.perf_counter() - t1
+                for name, sec in results[0]["phases"].items():
+                    batched[name[:-2]] += sec * len(results)
+                batched_ok += sum(r["status"] == "ok" for r in results)
+                walls["batched"] += time.perf_counter() - t0
+                cold_cache(tmp / "cache")
+                assert len(ids) == len(results)
+    wall = walls["one-by-one"]
+    out = {"cpu": cpu_model(), "flags": " ".join(cpp_flags()), "compiler_start_s": compiler_start,
+           "compiler_prelude_s": prelude_s,
            "trials": trials, "statuses": dict(statuses), "search_s": search_s,
            "per_trial_s": {k: phases[k] / max(1, trials) for k in PHASES},
-           "trial_wall_s": wall / max(1, trials)}
+           "trial_wall_s": wall / max(1, trials),
+           "batched_per_trial_s": {k: v / max(1, trials) for k, v in batched.items()},
+           "batched_wall_s": walls["batched"] / max(1, trials),
+           "one_by_one_wall_s": walls["one-by-one"] / max(1, trials),
+           "ok": {"one-by-one": statuses["ok"], "batched": batched_ok}}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"{out['cpu']}, flags {out['flags']}")
-    print(f"compiler fixed cost (empty file): {compiler_start * 1e3:.0f} ms")
+    print(f"compiler fixed cost: {compiler_start * 1e3:.0f} ms on an empty file, "
+          f"{(prelude_s or 0) * 1e3:.0f} ms on the kernels' shared prelude")
     print(f"{trials} trials {dict(statuses)}; search {search_s:.1f} s for "
           f"{args.programs} programs")
-    print(f"per trial: {out['trial_wall_s'] * 1e3:.0f} ms wall")
+    print(f"one by one (the launch's path): {out['one_by_one_wall_s'] * 1e3:.0f} ms a trial")
     for k in PHASES:
         print(f"  {k:12s} {out['per_trial_s'][k] * 1e3:8.1f} ms")
+    print(f"batched (run_trials + record_trials): {out['batched_wall_s'] * 1e3:.0f} ms a trial "
+          f"({out['one_by_one_wall_s'] / max(out['batched_wall_s'], 1e-9):.1f}x)")
+    for k, v in out["batched_per_trial_s"].items():
+        print(f"  {k:12s} {v * 1e3:8.1f} ms")
     return 0
 
 
-def _cpu() -> str:
+def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
