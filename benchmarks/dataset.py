@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/dataset.py [--db URL] [--count N] [--seed S] [--trials K]
         [--structures 3] [--minutes M] [--search-seconds 20] [--confirm 0] [--json] [--verbose]
-        [--path fast|launch]
+        [--path fast|launch] [--out FILE|default]
 
 Program ``i`` is ``search.random_program(S + i)`` (1-8 ops of the op table, drawn only where
 its float reference stays finite: ``verifier.well_conditioned``).  Each one is a job of its
@@ -80,6 +80,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--path", choices=("fast", "launch"), default="fast",
                    help="fast: batched measurement in this process (default); launch: each "
                         "program a tuner launch job")
+    p.add_argument("--out", metavar="FILE",
+                   help="append this run's database rows that FILE lacks to the dataset file "
+                        "at the end (costmodel.export_dataset; 'default': "
+                        "benchmarks/data/dataset_<cpu>.jsonl.gz)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--verbose", action="store_true", help="the launch's own log on stderr")
     args = p.parse_args(argv)
@@ -91,11 +95,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not getattr(args, name) > 0:
             raise ArgumentError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be "
                                 "a positive number")
+    if args.out is not None and dataset_writer() is None:
+        raise ArgumentError("--out: this checkout has no dataset file writer "
+                            "(costmodel.export_dataset); store to --db and export later")
     try:
         db.normalize_url(args.db)
     except (ValueError, db.DatabaseError) as err:
         raise ArgumentError(f"--db {args.db!r}: {err}") from None
     return args
+
+
+def dataset_writer():
+    """``costmodel.export_dataset`` and ``costmodel.default_path`` where this checkout has
+    them (the dataset file's one writer), else None."""
+    import costmodel
+
+    write, where = (getattr(costmodel, n, None) for n in ("export_dataset", "default_path"))
+    return (write, where) if write and where else None
+
+
+def export(args: argparse.Namespace) -> dict | None:
+    """Append what the dataset file lacks of the database's cpu rows (``--out``)."""
+    if args.out is None:
+        return None
+    write, where = dataset_writer()
+    path = where(ROOT / "benchmarks" / "data") if args.out == "default" else Path(args.out)
+    with db.connect(args.db) as database:
+        out = write(database, path, device_prefix="cpu")
+    return {"file": str(path), **(out if isinstance(out, dict) else {})}
 
 
 def job_text(seed: int, args: argparse.Namespace) -> str:
@@ -403,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dataset.py: error: {err}", file=sys.stderr)
         return 2
     out = run(args)
+    out["dataset_file"] = export(args)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -414,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{ {k: v for k, v in out['statuses'].items() if k != 'ok'} })")
     print(f"rate: {out['measurements_per_hour']:,.0f} measurements/hour; "
           f"ok rows in the database: {out['ok_rows_in_database']}")
+    if out["dataset_file"]:
+        print(f"dataset file: {out['dataset_file']}")
     if out["seconds_per_measurement"]:
         print("seconds per measurement: " + ", ".join(
             f"{k[:-2]} {v * 1e3:.0f} ms" for k, v in out["seconds_per_measurement"].items()))
