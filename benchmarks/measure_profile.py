@@ -66,7 +66,8 @@ def cold_cache(path: Path) -> None:
     facts = [f for f in cache_root().glob("*.json")]
     path.mkdir(parents=True, exist_ok=True)
     for f in facts:
-        shutil.copy(f, path / f.name)
+        if not (path / f.name).exists():
+            shutil.copy(f, path / f.name)
     os.environ["TUNER_CACHE_DIR"] = str(path)
 
 
