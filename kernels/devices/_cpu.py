@@ -32,6 +32,7 @@ from ._isolate import IsolatedWorker, run_isolated
 from ._status import OK
 from ._timing import measure
 
+ENV_TTL_S = 5.0  # how long a look at the run queue sets the worker's OpenMP waiting policy
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # who sets cores
 
 
@@ -96,7 +97,8 @@ class CpuDevice(Device):
     dialect = "cpp"
 
     def __init__(self, env: Mapping[str, str | None] | None = None) -> None:
-        self._env = env  # the worker's environment (default: default_env() per job)
+        self._env = env  # the worker's environment (default: default_env(), see worker_env)
+        self._default: tuple[float, dict[str, str]] | None = None
 
     @property
     def key(self) -> str:
@@ -107,7 +109,15 @@ class CpuDevice(Device):
         return local_cpu_spec()
 
     def worker_env(self) -> dict[str, str | None]:
-        return dict(default_env() if self._env is None else self._env)
+        """The worker's environment: ``env`` as given, else ``default_env()``, looked at
+        once every ``ENV_TTL_S`` (a look costs 40 ms of sampling, and a policy flipping with
+        every trial would restart the worker each time)."""
+        if self._env is not None:
+            return dict(self._env)
+        now = time.monotonic()
+        if self._default is None or now - self._default[0] > ENV_TTL_S:
+            self._default = (now, default_env())
+        return dict(self._default[1])
 
     def run_trials(self, structure: KernelGraph, reference: KernelGraph,
                    configs: Sequence[Mapping[str, int]], *, seed: int = 0,
