@@ -8,7 +8,7 @@ the shared prelude once, each kernel's own code in a namespace of its own, its e
 ``kernel`` renamed ``kernel_<i>``), compiled by parallel compiler processes (one per core),
 and each library is run by one worker job (``IsolatedWorker.run_batch``) that checks and times
 its kernels one after the other, on the same inputs and with the same timing loop as a trial
-(``TRIAL_TIMING``).  A kernel that crashes or hangs the worker is that kernel's
+(``TRIAL_TIMING``): ``_cpu.cpu_trials`` puts it together.  A kernel that crashes or hangs the worker is that kernel's
 ``runtime_error`` / ``timeout``; the worker is replaced and the rest of the batch goes on.
 What each trial stores (its ``source``) is the kernel's own translation unit, exactly what
 ``run_trial`` would have stored and ``tuner.load`` compiles.
@@ -17,25 +17,15 @@ What each trial stores (its ``source``) is the kernel's own translation unit, ex
 from __future__ import annotations
 
 import os
-import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kernels.lowering import concretize
-from search.ir import KernelGraph, ShapeError
-
-from ._check import expected, random_inputs
 from ._compile import CompileError, compile_cpp
-from ._isolate import RunResult, _signal_text
-from ._noise import timing_noise
-from ._status import COMPILE_ERROR, INVALID, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT
-
-if TYPE_CHECKING:
-    from ._cpu import CpuDevice
-    from ._isolate import IsolatedWorker
+from ._result import RunResult, _signal_text
+from ._status import RUNTIME_ERROR, TIMEOUT
 
 MARKER = "\n// ===== "  # where the cpp renderer's prelude ends and a plan's own code starts
 ENTRY = 'extern "C" void kernel('
@@ -101,95 +91,10 @@ def compile_units(sources: Sequence[str], groups: list[list[int]], jobs: int | N
     return out
 
 
-def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph,
-               configs: Sequence[Mapping[str, int]], *, seed: int = 0,
-               timing: Mapping | None = None, worker: IsolatedWorker,
-               timeout_s: float = 60.0) -> list[dict[str, Any]]:
-    """``run_trial`` of every config (same checks, same timing loop, same result dicts, plus
-    ``phases``: each config's share of the batch's preparing, compiling and running seconds),
-    compiled and run as batches (see the module docstring)."""
-    from ._base import TRIAL_TIMING, field_check
-
-    t0 = time.perf_counter()
-    timing = {**TRIAL_TIMING, **(timing or {})}
-    host = socket.gethostname()
-    results: list[dict[str, Any]] = []
-    todo: list[int] = []  # results that need building, with their source
-    sources: list[str] = []
-    plans = []
-    for config in configs:
-        out: dict[str, Any] = {"status": INVALID, "message": "", "config": dict(config),
-                               "host": host, "source": None}
-        results.append(out)
-        try:
-            bound, _, _ = concretize(structure, config, device.spec)
-            plan = device.lower(structure, config, "trial")
-        except (ShapeError, ValueError) as err:
-            out["message"] = str(err)
-            continue
-        out["config"], out["kernels"] = dict(plan.config), len(plan.kernels)
-        why = field_check(reference, bound)
-        if why:
-            out.update(status=WRONG_RESULT, message=why)
-            continue
-        out["source"] = device.render(plan)
-        todo.append(len(results) - 1)
-        sources.append(out["source"])
-        plans.append(plan)
-    t_prepared = time.perf_counter()
-    t_built = t_prepared
-    if todo:
-        xs = device.stored(plans[0], random_inputs(reference, seed))
-        want = expected(reference, xs, device.compute_dtype(plans[0]))
-        unique: dict[str, int] = {}  # one build and one timing per distinct source
-        for src in sources:
-            unique.setdefault(src, len(unique))
-        distinct = list(unique)
-        built = compile_units(distinct, units(distinct))
-        t_built = time.perf_counter()
-        runs: dict[int, RunResult] = {}
-        libs: dict[Path, list[tuple[int, str]]] = {}
-        for k, b in built.items():
-            if isinstance(b, CompileError):
-                runs[k] = RunResult(COMPILE_ERROR, f"{b.message}\n{b.log.strip()}")
-            else:
-                libs.setdefault(b[0], []).append((k, b[1]))
-        env = device.worker_env()
-        shapes = [tuple(b.shape) for b in plans[0].outputs]
-        for lib, entries in libs.items():
-            replies = worker.run_batch(lib, [name for _, name in entries], xs, want.outputs,
-                                       shapes, rtol=want.rtol, atol=want.atol,
-                                       timing=dict(timing), env=env, timeout_s=timeout_s)
-            runs.update(zip((k for k, _ in entries), replies, strict=True))
-        for j, src in zip(todo, sources, strict=True):
-            _fill(results[j], runs[unique[src]])
-    t_end, n = time.perf_counter(), max(1, len(configs))
-    phases = {"prepare_s": (t_prepared - t0) / n, "compile_s": (t_built - t_prepared) / n,
-              "run_s": (t_end - t_built) / n}  # each config's share of the batch's time
-    for out in results:
-        out["wall_s"] = (t_end - t0) / n
-        out["phases"] = phases
-    return results
-
-
-def _fill(out: dict[str, Any], res: RunResult) -> None:
-    """A trial's result dict from its kernel's run (as ``run_trial`` fills it)."""
-    out.update(status=res.status, message=res.message)
-    errs = res.payload.get("max_abs_err")
-    if errs:
-        out["max_error"] = max(errs)
-    tm = res.payload.get("timing")
-    if res.status == OK and tm:
-        out.update(median_s=tm["median_s"], spread_s=tm["iqr_s"], samples=tm["samples_s"],
-                   noise=timing_noise(tm))
-    elif res.status == OK:
-        out.update(status=RUNTIME_ERROR, message="the kernel ran but was not timed")
-
-
 class BatchRunner:
     """``IsolatedWorker.run_batch``'s loop over one library's entry points (see there)."""
 
-    def __init__(self, worker: IsolatedWorker, msg: dict, env: dict, n: int,
+    def __init__(self, worker: Any, msg: dict, env: dict, n: int,
                  timeout_s: float) -> None:
         self.worker, self.msg, self.env, self.timeout_s = worker, msg, env, timeout_s
         self.results: list[RunResult | None] = [None] * n

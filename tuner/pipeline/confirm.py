@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import db
-from kernels import MEASUREMENT_STATUSES, OK, RUNTIME_ERROR
-from kernels.devices import machine_load, verdict
+from kernels import MEASUREMENT_STATUSES, OK, RUNTIME_ERROR, machine_load, verdict
 
 if TYPE_CHECKING:
     from cluster import SlotPool
