@@ -155,3 +155,14 @@ def test_record_trials_stores_a_batch_in_one_go_and_again_adds_nothing(tmp_path)
     with pytest.raises(ValueError, match="needs median_s"):
         db.record_trials(database, sid, "cpu:test", bad)
     database.close()
+
+
+def test_a_kernel_that_writes_its_input_does_not_spoil_the_next_in_the_batch(tmp_path):
+    lib = _library(tmp_path, 'extern "C" void kernel_1(float** in, float** out) '
+                             '{ out[0][0] = in[0][0] * 2; in[0][0] = 100; }\n')
+    with IsolatedWorker() as worker:
+        res = worker.run_batch(lib, ["kernel_0", "kernel_1", "kernel_2"],
+                               [np.array([[3.0]], np.float32)],
+                               [np.array([[6.0]], np.float32)], [(1, 1)], rtol=1e-4,
+                               atol=1e-5, timing=None)
+    assert [r.status for r in res] == ["ok", "ok", "ok"], [r.message for r in res]
