@@ -125,6 +125,10 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
         return out
     out.best_trial = winner
     out.uncertain = judged.uncertain
-    out.best_s = database.confirm_best(winner, source, baseline_s, uncertain=judged.uncertain)
+    if not noise["timed"]:  # nothing re-timed now: the verdict of the run that timed them
+        stored = database.best_kernel(key.program_hash, key.shapes, key.dtype, pool.key)
+        if stored is not None and stored.trial_id == winner:
+            out.uncertain = stored.uncertain
+    out.best_s = database.confirm_best(winner, source, baseline_s, uncertain=out.uncertain)
     out.best_timings = len(database.measurements(winner))
     return out
