@@ -12,7 +12,7 @@ from db import DEFAULT_URL
 from kernels import OK, replayed_gpu
 
 from ..api import InputError, parse_pairs
-from ..formatting import config_text, ms
+from ..formatting import SETTLE, config_text, ms
 from ._console import Progress
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def format_summary(result: LaunchResult) -> str:
     for r in result.reports:
         if r.uncertain:
             lines.append(f"UNCERTAIN best of {r.program} on {r.device_key}: {r.uncertain}; "
-                         "launch again on a quiet machine to settle it")
+                         + SETTLE)
     word = "resumed" if result.resumed else "new"
     lines.append(f"job {result.job_key} ({word}) in {result.elapsed_s:.1f} s -> {result.url}")
     return "\n".join(lines)
@@ -179,8 +179,7 @@ def _uncertain_line(record: db.BestKernel) -> str:
     """The line ``tuner best`` adds for a best whose timings could not settle it."""
     if not record.uncertain:
         return ""
-    return (f"\n  UNCERTAIN: {record.uncertain}; another config may be faster: launch again "
-            "on a quiet machine to settle it")
+    return f"\n  UNCERTAIN: {record.uncertain}; another config may be faster: {SETTLE}"
 
 
 def _best_at_stored_shapes(args: argparse.Namespace, program: Program, database: db.Database

@@ -21,7 +21,7 @@ from search import KernelGraph, to_obj
 from verifier import DEFAULT_TESTS
 
 from ..api import small_instance
-from ..formatting import ms
+from ..formatting import SETTLE, ms
 from ..identity import program_key
 from ..samplers.factory import sampler_factory
 from .base import ProgramPipeline
@@ -155,7 +155,7 @@ class UGraphPipeline(ProgramPipeline):
                          f"{ms(rep.best_s)}{confirmed} vs numpy {ms(rep.baseline_s)}")
         if rep.uncertain:
             self.ctx.log(f"{name} on {pool.key}: the best is UNCERTAIN: {rep.uncertain}; "
-                         "launch again on a quiet machine to settle it")
+                         f"{SETTLE}")
         return f"{name}@{device}", {"search_s": round(self.search_s, 3),
                                     "tune_s": round(rep.tune_s, 3)}
 

@@ -15,7 +15,7 @@ from datetime import datetime
 
 import db
 
-from ..formatting import ms
+from ..formatting import SETTLE, ms
 
 
 @dataclass
@@ -89,8 +89,7 @@ def format_status(st: Status) -> str:
         out += [""] + _table(rows)
     doubts = [(p.summary.name, b) for p in st.programs for b in p.best if b.uncertain]
     if doubts:
-        out += ["", "? uncertain best (its timings could not settle it; launch again on a "
-                "quiet machine):"]
+        out += ["", f"? uncertain best (its timings could not settle it; {SETTLE}):"]
         out += [f"  {name} on {b.device_key}: {b.uncertain}" for name, b in doubts]
     return "\n".join(out)
 
