@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/dataset.py [--db URL] [--count N] [--seed S] [--trials K]
         [--structures 3] [--minutes M] [--search-seconds 20] [--confirm 0] [--json] [--verbose]
+        [--path fast|launch] [--out FILE|default]
 
 Program ``i`` is ``search.random_program(S + i)`` (1-8 ops of the op table, drawn only where
 its float reference stays finite: ``verifier.well_conditioned``).  Each one is a job of its
@@ -10,6 +11,14 @@ own with the program inline (``dataset-s<seed>.yaml``), run by the same ``JobRun
 best ``--structures`` by the roofline, an Optuna study of ``--trials`` per structure, the
 library candidate, all stored exactly as a user's launch stores them.  One embedded Ray with
 one worker serves every program.
+
+``--path fast`` (the default) measures the same programs without a launch: the search runs
+in this process, and each tuned structure's configs (the AStitch default, then ``--trials``
+drawn at random from its space: unbiased rows for a cost model, where a study's sampler
+crowds round its best) are measured as one batch (``Device.run_trials``: one translation
+unit per compiler call, parallel compilers, one worker job per library; the same checks and
+timing loop as a trial) and stored in one transaction (``db.record_trials``) as soon as the
+batch is timed.  ``--path launch`` runs each program as a ``tuner launch`` job (below).
 
 Resumable: a program whose job is ``finished`` in that database is skipped; a killed run
 loses at most the program in flight (its next run resumes that job: finished shards and
@@ -68,6 +77,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--confirm", type=int, default=0,
                    help="configs re-timed per program (the launch's tuning.confirm; "
                         "0: every timing is a new config, the most training rows per hour)")
+    p.add_argument("--path", choices=("fast", "launch"), default="fast",
+                   help="fast: batched measurement in this process (default); launch: each "
+                        "program a tuner launch job")
+    p.add_argument("--out", metavar="FILE",
+                   help="append this run's database rows that FILE lacks to the dataset file "
+                        "at the end (costmodel.export_dataset; 'default': "
+                        "benchmarks/data/dataset_<cpu>.jsonl.gz)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--verbose", action="store_true", help="the launch's own log on stderr")
     args = p.parse_args(argv)
@@ -79,11 +95,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not getattr(args, name) > 0:
             raise ArgumentError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be "
                                 "a positive number")
+    if args.out is not None and dataset_writer() is None:
+        raise ArgumentError("--out: this checkout has no dataset file writer "
+                            "(costmodel.export_dataset); store to --db and export later")
     try:
         db.normalize_url(args.db)
     except (ValueError, db.DatabaseError) as err:
         raise ArgumentError(f"--db {args.db!r}: {err}") from None
     return args
+
+
+def dataset_writer():
+    """``costmodel.export_dataset`` and ``costmodel.default_path`` where this checkout has
+    them (the dataset file's one writer), else None."""
+    import costmodel
+
+    write, where = (getattr(costmodel, n, None) for n in ("export_dataset", "default_path"))
+    return (write, where) if write and where else None
+
+
+def export(args: argparse.Namespace) -> dict | None:
+    """Append what the dataset file lacks of the database's cpu rows (``--out``)."""
+    if args.out is None:
+        return None
+    write, where = dataset_writer()
+    path = where(ROOT / "benchmarks" / "data") if args.out == "default" else Path(args.out)
+    with db.connect(args.db) as database:
+        out = write(database, path, device_prefix="cpu")
+    return {"file": str(path), **(out if isinstance(out, dict) else {})}
 
 
 def job_text(seed: int, args: argparse.Namespace) -> str:
@@ -149,13 +188,18 @@ class Tally:
         self.found = self.tuned = 0
         self.before = measurement_counts(url)
         self.statuses: Counter = Counter()
+        self.phases: Counter = Counter()  # seconds by phase (the fast path's)
         self.failures: list[dict] = []
 
     def add(self, reports: list) -> None:
-        self.programs += 1
         for rep in reports:
             self.found += rep.structures_found
             self.tuned += rep.structures_tuned
+        self.count()
+
+    def count(self) -> None:
+        """One more program done: the measurements stored so far."""
+        self.programs += 1
         self.statuses = measurement_counts(self.url) - self.before
 
     @property
@@ -177,6 +221,148 @@ class Tally:
 
 
 def run(args: argparse.Namespace) -> dict:
+    return run_fast(args) if args.path == "fast" else run_launch(args)
+
+
+def sample_configs(space, n: int, seed: int) -> list[dict[str, int]]:
+    """The AStitch default, then up to ``n - 1`` other legal configs drawn uniformly per
+    parameter (never the whole space enumerated: some have millions of configs)."""
+    import random
+
+    from db import config_hash
+
+    rng = random.Random(seed)
+    out, seen = [dict(space.default)], {config_hash(space.default)}
+    names = sorted(space.params)
+    for _ in range(50 * n):
+        if len(out) >= n:
+            break
+        config = {k: rng.choice(space.params[k]) for k in names}
+        h = config_hash(config)
+        if h not in seen and space.check(config) is None:
+            seen.add(h)
+            out.append(config)
+    return out[:n]
+
+
+def fast_program(seed: int, args: argparse.Namespace, database, device, worker,
+                 deadline: float, phases: Counter) -> tuple[int, int, int]:
+    """Program ``seed`` through search and batched measurement; (structures verified, tuned,
+    configs measured now); the seconds of each phase are added to ``phases``.  A program
+    already ``finished`` is not given here."""
+    from cluster.runtime import LocalExecutor
+    from kernels import config_space, rank_structures
+    from search import run_search, to_obj
+    from tuner.identity import program_key
+    from tuner.pipeline.ugraph import (
+        VERIFY_TESTS,
+        small_instance_shapes,
+        structure_verification,
+    )
+
+    source = f"dataset-s{seed}.yaml"
+    job = parse_job(job_text(seed, args), source, base_dir=ROOT)
+    record = database.start_job(fast_key(job), source)
+    program = job.programs[0].program
+    reference = program.build()
+    key = program_key(program, reference)
+    program_id = database.record_program(key.program_hash, key.shapes, key.dtype,
+                                         program.name, to_obj(reference))
+    t0 = time.perf_counter()
+    result = run_search(program, job.search.limits(), LocalExecutor(),
+                        time_limit_s=args.search_seconds, tests=VERIFY_TESTS)
+    phases["search_s"] += time.perf_counter() - t0
+    instance = small_instance_shapes(program)
+    graphs = {s["hash"]: result.verified[s["hash"]] for s in result.structures}
+    stored = []
+    for h, graph in graphs.items():
+        stored.append((database.record_structure(
+            program_id, h, to_obj(graph), structure_verification(graph, instance),
+            int(next(s for s in result.structures if s["hash"] == h).get("num_kernels") or 0)),
+            h, graph))
+    from search import structural_hash
+
+    ref_hash = structural_hash(reference)
+    if ref_hash not in graphs:  # the program as written is a candidate too (as a launch)
+        stored.append((database.record_structure(
+            program_id, ref_hash, to_obj(reference),
+            {"layer": "structure", "verdict": "reference",
+             "note": "the program as written, a kernel per op"},
+            len(reference.ops) - len(reference.input_ids) - len(reference.ops_of("output"))),
+            ref_hash, reference))
+    order = rank_structures([g for _, _, g in stored], device.spec)[:args.structures]
+    measured = tuned = 0
+    for k in order:
+        if time.time() >= deadline:
+            break
+        sid, shash, graph = stored[k]
+        done = {db.config_hash(h.config) for h in database.history(
+            key.program_hash, device_key=device.key) if h.structure_id == sid}
+        configs = [c for c in sample_configs(config_space(graph, device.spec), args.trials,
+                                             seed)
+                   if db.config_hash(c) not in done]
+        results = device.run_trials(graph, reference, configs, seed=seed, worker=worker,
+                                    timeout_s=30.0)
+        for r in results[:1]:
+            for name, sec in r["phases"].items():
+                phases[name] += sec * len(results)
+        t0 = time.perf_counter()
+        ids = db.record_trials(database, sid, device.key, results,
+                               study_name=f"dataset:{shash[:12]}")
+        ok = [(r["median_s"], i) for r, i in zip(results, ids, strict=True)
+              if r["status"] == "ok" and i >= 0]
+        if ok:
+            fastest = min(ok)[1]
+            database.update_best(fastest, results[ids.index(fastest)]["source"], None)
+        phases["database_s"] += time.perf_counter() - t0
+        measured += sum(1 for i in ids if i >= 0)
+        tuned += 1
+    database.finish_job(record.id, "finished" if time.time() < deadline else "interrupted")
+    return len(result.verified), tuned, measured
+
+
+def fast_key(job) -> str:
+    """The job key of a program measured by the fast path (not a launch's: another run)."""
+    return f"{job_key(job)}:fast"
+
+
+def run_fast(args: argparse.Namespace) -> dict:
+    from kernels.devices import IsolatedWorker, get_device
+
+    deadline = time.time() + args.minutes * 60
+    with db.connect(args.db) as database:
+        done = {j.job_key for j in database.jobs() if j.status == "finished"}
+    tally = Tally(args.db)
+    device = get_device("cpu")
+    with IsolatedWorker() as worker, db.connect(args.db) as database:
+        for seed in range(args.seed, args.seed + args.count):
+            if time.time() >= deadline:
+                break
+            job = parse_job(job_text(seed, args), f"dataset-s{seed}.yaml", base_dir=ROOT)
+            if fast_key(job) in done:
+                tally.skipped += 1
+                continue
+            try:
+                found, tuned, measured = fast_program(seed, args, database, device, worker,
+                                                      deadline, tally.phases)
+            except KeyboardInterrupt:
+                raise
+            except Exception as err:  # a bug in the pipeline: record it, go on
+                tally.errors += 1
+                tally.failures.append({"seed": seed, "error": f"{type(err).__name__}: {err}",
+                                       "where": traceback.format_exc().splitlines()[-3:]})
+                print(tally.line(seed, f"ERROR {type(err).__name__}: {err}"),
+                      file=sys.stderr, flush=True)
+                continue
+            tally.found += found
+            tally.tuned += tuned
+            tally.count()
+            print(tally.line(seed, f"{len(compute_ops_of(job))} ops, {found} verified, "
+                             f"{tuned} tuned, {measured} measured"), file=sys.stderr, flush=True)
+    return summary(args, tally)
+
+
+def run_launch(args: argparse.Namespace) -> dict:
     from cluster import start_ray, stop_ray
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -232,7 +418,9 @@ def summary(args: argparse.Namespace, tally: Tally) -> dict:
             "measurements": tally.new, "ok": tally.statuses["ok"], "failed": failed,
             "statuses": dict(tally.statuses), "elapsed_s": round(tally.elapsed_s, 1),
             "measurements_per_hour": round(tally.per_hour(), 1),
-            "ok_rows_in_database": in_db["ok"], "errors": tally.failures}
+            "ok_rows_in_database": in_db["ok"], "errors": tally.failures,
+            "seconds_per_measurement": {k: round(v / max(1, tally.new), 4)
+                                        for k, v in sorted(tally.phases.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dataset.py: error: {err}", file=sys.stderr)
         return 2
     out = run(args)
+    out["dataset_file"] = export(args)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -253,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{ {k: v for k, v in out['statuses'].items() if k != 'ok'} })")
     print(f"rate: {out['measurements_per_hour']:,.0f} measurements/hour; "
           f"ok rows in the database: {out['ok_rows_in_database']}")
+    if out["dataset_file"]:
+        print(f"dataset file: {out['dataset_file']}")
+    if out["seconds_per_measurement"]:
+        print("seconds per measurement: " + ", ".join(
+            f"{k[:-2]} {v * 1e3:.0f} ms" for k, v in out["seconds_per_measurement"].items()))
     return 0
 
 

@@ -11,7 +11,8 @@ so a retried task never duplicates a row. See docs/database.md.
 
 Inside, private modules: ``_engine`` (URL → configured engine), ``_models`` (the ORM rows,
 named ``*Row``), ``_records`` (the plain values queries return, errors, canonical keys),
-``_queries`` (reads), ``_writes`` (sessions and the idempotent writes), ``_store`` (the
+``_queries`` (reads), ``_writes`` (sessions and the idempotent writes), ``_bulk`` (a batch of
+trials and their measurements in one transaction), ``_store`` (the
 ``Database`` handle, which has both), ``_learning`` (cost models and their training rows) and
 ``_migrate`` (the packaged Alembic migrations in ``migrations/``, and the schema lock).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL
 
 from db import _migrate
+from db._bulk import record_trials
 from db._engine import DEFAULT_URL, make_engine, normalize_url, sqlite_file
 from db._learning import (
     ALL_DEVICES,
@@ -105,6 +107,7 @@ __all__ = [
     "newest_measurement_id",
     "normalize_url",
     "record_measured_space",
+    "record_trials",
     "save_model",
     "shapes_key",
     "sqlite_file",

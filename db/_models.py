@@ -195,3 +195,6 @@ class BestKernelRow(Base):
     time_s: Mapped[float] = mapped_column(Double)
     baseline_s: Mapped[float | None] = mapped_column(Double)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # why the best is not certain (its timings were noisy, the machine loaded, the runner-up
+    # within the noise); NULL: the finalists' timings separate it from the rest
+    uncertain: Mapped[str | None] = mapped_column(Text, default=None)

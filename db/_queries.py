@@ -53,6 +53,7 @@ _BEST_BY_KEY = (
         _B.time_s,
         _B.baseline_s,
         _B.updated_at,
+        _B.uncertain,
     )
     .select_from(BestKernelRow.__table__)
     .join(StructureRow.__table__, _S.id == _B.structure_id)
@@ -84,6 +85,7 @@ def _best_record(row: Any) -> BestKernel:
         time_s=row.time_s,
         baseline_s=row.baseline_s,
         updated_at=utc(row.updated_at),
+        uncertain=row.uncertain,
     )
 
 

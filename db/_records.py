@@ -179,6 +179,7 @@ class BestKernel:
     time_s: float
     baseline_s: float | None
     updated_at: datetime
+    uncertain: str | None = None  # why this best may not be the fastest (None: it is)
 
     @property
     def speedup(self) -> float | None:

@@ -257,13 +257,16 @@ class Writes:
             return self._insert_id(s, MeasurementRow, values, keys)[0]
 
     def update_best(
-        self, measurement_id: int, source: str, baseline_s: float | None = None
+        self, measurement_id: int, source: str, baseline_s: float | None = None,
+        uncertain: str | None = None,
     ) -> bool:
         """Make this measurement's kernel the best of its program × shapes × dtype × device.
 
         Keys, structure, trial and time all come from the measurement itself, so the best row
         cannot disagree with what was measured. Only an 'ok' measurement strictly faster than
         the stored best replaces it (one atomic upsert); returns whether the row changed.
+        ``uncertain``: why this timing may not be trusted (stored with the best, shown by
+        every reader of it), None when it can.
         """
         baseline = _best_args(source, baseline_s)
         with self.session() as s:
@@ -275,17 +278,21 @@ class Writes:
             m, program = row.MeasurementRow, row.ProgramRow
             if m.status != OK:
                 return False
-            values = _best_row(m, row.structure_id, program, source, m.median_s, baseline)
+            values = _best_row(m, row.structure_id, program, source, m.median_s, baseline,
+                               uncertain)
             return self._upsert_best(s, values, only_faster=True)
 
     def confirm_best(
-        self, trial_id: int, source: str, baseline_s: float | None = None
+        self, trial_id: int, source: str, baseline_s: float | None = None,
+        uncertain: str | None = None, time_s: float | None = None,
     ) -> float | None:
         """Make this trial's kernel the best of its program × shapes × dtype × device at its
         confirmed time: the median of all its 'ok' measurements (first timing and deliberate
         re-measurements alike).  Unlike ``update_best`` this may make the stored best slower:
         it is how a lucky first timing is corrected.  A trial with any failed measurement is
-        not confirmed (returns None, nothing written); else returns the confirmed time."""
+        not confirmed (returns None, nothing written); else returns the confirmed time.
+        ``time_s``: the confirmed time when the caller judged it (the median of interleaved
+        rounds); ``uncertain``: why the choice may be wrong, None when the timings made it."""
         baseline = _best_args(source, baseline_s)
         with self.session() as s:
             rows = s.execute(
@@ -296,10 +303,11 @@ class Writes:
                 raise ValueError(f"no measurements of trial {trial_id}")
             if any(r.MeasurementRow.status != OK for r in rows):
                 return None
-            confirmed = statistics.median(r.MeasurementRow.median_s for r in rows)
+            confirmed = check_time(time_s, "time_s") or statistics.median(
+                r.MeasurementRow.median_s for r in rows)
             last, program = rows[-1].MeasurementRow, rows[-1].ProgramRow
             values = _best_row(last, rows[-1].structure_id, program, source, confirmed,
-                               baseline)
+                               baseline, uncertain)
             self._upsert_best(s, values, only_faster=False)
             return confirmed
 
@@ -318,6 +326,7 @@ class Writes:
                 "time_s": new.time_s,
                 "baseline_s": func.coalesce(new.baseline_s, BestKernelRow.baseline_s),
                 "updated_at": new.updated_at,
+                "uncertain": new.uncertain,
             },
             where=(BestKernelRow.time_s > new.time_s) if only_faster else None,
         ).returning(BestKernelRow.id)
@@ -341,7 +350,7 @@ def _best_args(source: Any, baseline_s: float | None) -> float | None:
 
 
 def _best_row(m: MeasurementRow, structure_id: int, program: ProgramRow, source: str,
-              time_s: float, baseline_s: float | None) -> dict:
+              time_s: float, baseline_s: float | None, uncertain: str | None = None) -> dict:
     """A best-kernel row: keys from the measurement's program, trial and device."""
     return dict(
         program_hash=program.program_hash,
@@ -355,6 +364,7 @@ def _best_row(m: MeasurementRow, structure_id: int, program: ProgramRow, source:
         time_s=time_s,
         baseline_s=baseline_s,
         updated_at=utcnow(),
+        uncertain=uncertain,
     )
 
 

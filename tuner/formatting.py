@@ -19,4 +19,8 @@ def config_text(config: dict[str, Any] | None) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted((config or {}).items()))
 
 
-__all__ = ["config_text", "ms"]
+# what to do about a best whose timings could not settle it (docs/launch.md, "Uncertain bests")
+SETTLE = ("tune again on a quiet machine (a new database, or more tuning.confirm finalists) "
+          "to settle it")
+
+__all__ = ["SETTLE", "config_text", "ms"]

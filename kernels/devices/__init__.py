@@ -37,6 +37,8 @@ _EXPORTS = {
     "KernelResources": "_compile", "normalize_arch": "_compile", "DEFAULT_CPP_FLAGS": "_compile", "cpp_flags": "_compile",
     "IsolatedWorker": "_isolate", "RunResult": "_isolate", "run_isolated": "_isolate",
     "compare_outputs": "_worker",
+    "timing_noise": "_noise", "loaded": "_noise", "verdict": "_noise", "Verdict": "_noise",
+    "machine_load": "_cpu", "combine_cpp": "_batch",
     "measure": "_timing", "Timing": "_timing", "Clock": "_timing", "HostClock": "_timing",
     "get_device": "_registry",
     "OK": "_status", "COMPILE_ERROR": "_status", "RUNTIME_ERROR": "_status", "TIMEOUT": "_status",

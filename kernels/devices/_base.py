@@ -33,6 +33,7 @@ from verifier import equivalent
 
 from ._check import Expected, as_logical, as_stored, expected, random_inputs
 from ._isolate import IsolatedWorker
+from ._noise import timing_noise
 from ._status import COMPILE_ERROR, INVALID, OK, RUNTIME_ERROR, WRONG_RESULT
 
 TRIAL_TIMING = {"warmup": 1, "min_repeats": 5, "budget_s": 0.3, "target_rse": 0.03}
@@ -164,7 +165,8 @@ class Device(ABC):
         re-checked against the reference in the finite field at the job's shapes (when small
         enough to interpret quickly), and the built kernel against the program's float
         reference.  Returns ``status`` (``STATUSES`` plus "invalid" for a config that does not
-        lower), ``message``, ``median_s``/``spread_s``/``samples`` when ok, ``max_error``,
+        lower), ``message``, ``median_s``/``spread_s``/``samples`` and ``noise`` (why the
+        timing is noisy, or None: ``timing_noise``) when ok, ``max_error``,
         ``source``, ``config`` (with the knobs the rule filled in), ``kernels``, ``host``."""
         out: dict[str, Any] = {"status": INVALID, "message": "", "config": dict(config),
                                "host": socket.gethostname(), "source": None}
@@ -188,11 +190,21 @@ class Device(ABC):
             out["max_error"] = max(res.max_abs_err)
         if res.ok and res.timing:
             tm = res.timing
-            out.update(median_s=tm["median_s"], spread_s=tm["iqr_s"], samples=tm["samples_s"])
+            out.update(median_s=tm["median_s"], spread_s=tm["iqr_s"], samples=tm["samples_s"],
+                       noise=timing_noise(tm))
         elif res.ok:
             out.update(status=RUNTIME_ERROR, message="the kernel ran but was not timed")
         out["wall_s"] = time.perf_counter() - t0
         return out
+
+    def run_trials(self, structure: KernelGraph, reference: KernelGraph,
+                   configs: Sequence[Mapping[str, int]], *, seed: int = 0,
+                   timing: Mapping | None = None, worker: IsolatedWorker | None = None,
+                   timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """``run_trial`` of each config, in order; a device that can build many kernels at
+        once (the cpu: one compiler call and one worker job for many) overrides this."""
+        return [self.run_trial(structure, reference, c, seed=seed, timing=timing,
+                               worker=worker, timeout_s=timeout_s) for c in configs]
 
 
 def field_check(reference: KernelGraph, bound: KernelGraph, tests: int = 2) -> str | None:

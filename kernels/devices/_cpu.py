@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +22,21 @@ import numpy as np
 
 from kernels.device_names import device_key
 from kernels.hardware import DeviceSpec, local_cpu_spec
-from kernels.lowering import KernelPlan
-from search.ir import KernelGraph, from_obj, to_obj
+from kernels.lowering import KernelPlan, concretize
+from search.ir import KernelGraph, ShapeError, from_obj, to_obj
 from verifier import FloatArith, run
 
-from ._base import TRIAL_TIMING, Device, Execution
-from ._check import Expected, as_logical, as_stored, input_layouts, random_inputs
-from ._compile import compile_cpp
+from ._base import TRIAL_TIMING, Device, Execution, field_check
+from ._batch import compile_units, units
+from ._check import Expected, as_logical, as_stored, expected, input_layouts, random_inputs
+from ._compile import CompileError, compile_cpp
 from ._isolate import IsolatedWorker, run_isolated
-from ._status import OK
+from ._noise import timing_noise
+from ._result import RunResult
+from ._status import COMPILE_ERROR, INVALID, OK, RUNTIME_ERROR, WRONG_RESULT
 from ._timing import measure
 
+ENV_TTL_S = 5.0  # how long a look at the run queue sets the worker's OpenMP waiting policy
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # who sets cores
 
 
@@ -76,6 +81,19 @@ def other_runnable(samples: int = 5, interval_s: float = 0.01) -> float:
     return float(np.median(counts))
 
 
+def machine_load() -> str | None:
+    """Why this machine is too busy for trustworthy cpu timings now, or None
+    (``_noise.loaded`` of the run queue beside this process and the kernels' thread count)."""
+    from ._noise import loaded
+
+    cores = os.cpu_count() or 1
+    try:
+        threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0]))
+    except ValueError:
+        threads = cores
+    return loaded(other_runnable(), cores, threads)
+
+
 class CpuDevice(Device):
     """This machine's CPU (all the cores this process may use)."""
 
@@ -83,7 +101,8 @@ class CpuDevice(Device):
     dialect = "cpp"
 
     def __init__(self, env: Mapping[str, str | None] | None = None) -> None:
-        self._env = env  # the worker's environment (default: default_env() per job)
+        self._env = env  # the worker's environment (default: default_env(), see worker_env)
+        self._default: tuple[float, dict[str, str]] | None = None
 
     @property
     def key(self) -> str:
@@ -94,7 +113,25 @@ class CpuDevice(Device):
         return local_cpu_spec()
 
     def worker_env(self) -> dict[str, str | None]:
-        return dict(default_env() if self._env is None else self._env)
+        """The worker's environment: ``env`` as given, else ``default_env()``, looked at
+        once every ``ENV_TTL_S`` (a look costs 40 ms of sampling, and a policy flipping with
+        every trial would restart the worker each time)."""
+        if self._env is not None:
+            return dict(self._env)
+        now = time.monotonic()
+        if self._default is None or now - self._default[0] > ENV_TTL_S:
+            self._default = (now, default_env())
+        return dict(self._default[1])
+
+    def run_trials(self, structure: KernelGraph, reference: KernelGraph,
+                   configs: Sequence[Mapping[str, int]], *, seed: int = 0,
+                   timing: Mapping | None = None, worker: IsolatedWorker | None = None,
+                   timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """Every config's trial, built and timed as batches (``kernels.devices._batch``)."""
+        from ._isolate import default_worker
+
+        return cpu_trials(self, structure, reference, configs, seed=seed, timing=timing,
+                          worker=worker or default_worker(), timeout_s=timeout_s)
 
     def execute(self, plan: KernelPlan, source: str, inputs: list[np.ndarray],
                 want: Expected | None, *, timing: dict | None, worker: IsolatedWorker | None,
@@ -234,3 +271,87 @@ def _new_like(first: Any, shape: tuple) -> Any:
 
         return torch.empty(shape, dtype=torch.float32)
     return np.empty(shape, np.float32)
+
+
+def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph,
+               configs: Sequence[Mapping[str, int]], *, seed: int = 0,
+               timing: Mapping | None = None, worker: IsolatedWorker,
+               timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """``run_trial`` of every config (same checks, same timing loop, same result dicts, plus
+    ``phases``: each config's share of the batch's preparing, compiling and running seconds),
+    compiled and run as batches (see the module docstring)."""
+    t0 = time.perf_counter()
+    timing = {**TRIAL_TIMING, **(timing or {})}
+    host = socket.gethostname()
+    results: list[dict[str, Any]] = []
+    todo: list[int] = []  # results that need building, with their source
+    sources: list[str] = []
+    plans = []
+    for config in configs:
+        out: dict[str, Any] = {"status": INVALID, "message": "", "config": dict(config),
+                               "host": host, "source": None}
+        results.append(out)
+        try:
+            bound, _, _ = concretize(structure, config, device.spec)
+            plan = device.lower(structure, config, "trial")
+        except (ShapeError, ValueError) as err:
+            out["message"] = str(err)
+            continue
+        out["config"], out["kernels"] = dict(plan.config), len(plan.kernels)
+        why = field_check(reference, bound)
+        if why:
+            out.update(status=WRONG_RESULT, message=why)
+            continue
+        out["source"] = device.render(plan)
+        todo.append(len(results) - 1)
+        sources.append(out["source"])
+        plans.append(plan)
+    t_prepared = time.perf_counter()
+    t_built = t_prepared
+    if todo:
+        layouts = [b.layout for b in plans[0].inputs]  # a transposed input is passed stored
+        xs = device.stored(plans[0], as_stored(random_inputs(reference, seed), layouts))
+        want = expected(reference, as_logical(xs, layouts), device.compute_dtype(plans[0]))
+        unique: dict[str, int] = {}  # one build and one timing per distinct source
+        for src in sources:
+            unique.setdefault(src, len(unique))
+        distinct = list(unique)
+        built = compile_units(distinct, units(distinct))
+        t_built = time.perf_counter()
+        runs: dict[int, RunResult] = {}
+        libs: dict[Path, list[tuple[int, str]]] = {}
+        for k, b in built.items():
+            if isinstance(b, CompileError):
+                runs[k] = RunResult(COMPILE_ERROR, f"{b.message}\n{b.log.strip()}")
+            else:
+                libs.setdefault(b[0], []).append((k, b[1]))
+        env = device.worker_env()
+        shapes = [tuple(b.shape) for b in plans[0].outputs]
+        for lib, entries in libs.items():
+            replies = worker.run_batch(lib, [name for _, name in entries], xs, want.outputs,
+                                       shapes, rtol=want.rtol, atol=want.atol,
+                                       timing=dict(timing), env=env, timeout_s=timeout_s)
+            runs.update(zip((k for k, _ in entries), replies, strict=True))
+        for j, src in zip(todo, sources, strict=True):
+            _fill(results[j], runs[unique[src]])
+    t_end, n = time.perf_counter(), max(1, len(configs))
+    phases = {"prepare_s": (t_prepared - t0) / n, "compile_s": (t_built - t_prepared) / n,
+              "run_s": (t_end - t_built) / n}  # each config's share of the batch's time
+    for out in results:
+        out["wall_s"] = (t_end - t0) / n
+        out["phases"] = phases
+    return results
+
+
+def _fill(out: dict[str, Any], res: RunResult) -> None:
+    """A trial's result dict from its kernel's run (as ``run_trial`` fills it)."""
+    out.update(status=res.status, message=res.message)
+    errs = res.payload.get("max_abs_err")
+    if errs:
+        out["max_error"] = max(errs)
+    tm = res.payload.get("timing")
+    if res.status == OK and tm:
+        out.update(median_s=tm["median_s"], spread_s=tm["iqr_s"], samples=tm["samples_s"],
+                   noise=timing_noise(tm))
+    elif res.status == OK:
+        out.update(status=RUNTIME_ERROR, message="the kernel ran but was not timed")

@@ -20,38 +20,24 @@ import atexit
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._batch import BatchRunner
 from ._compile import CompileError, compile_cpp, cpp_flags
+from ._result import RunResult, _signal_text
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT
 from ._worker import worker_main
 
 _JOB_KEYS = {"library", "source", "call", "args", "env", "flags", "function", "inputs",
              "outputs", "expected", "rtol", "atol", "timing", "output_fill"}
 _ENV_LOCK = threading.Lock()  # os.environ is patched while a worker process is spawned
-
-
-@dataclass
-class RunResult:
-    """Outcome of one isolated job. payload: outputs, timing (Timing.as_dict), errors, log."""
-
-    status: str
-    message: str
-    payload: dict[str, Any] = field(default_factory=dict)
-    wall_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK
 
 
 def _shm_base() -> str:
@@ -111,18 +97,6 @@ def _validate(job: dict) -> dict:
         "rtol": float(job.get("rtol", 1e-4)), "atol": float(job.get("atol", 1e-5)),
         "timing": timing, "output_fill": float(job.get("output_fill", np.nan)),
     }
-
-
-def _signal_text(code: int | None) -> str:
-    if code is None:
-        return "exit code unknown"
-    if code < 0:
-        try:
-            sig = signal.Signals(-code)
-            return f"signal {sig.name} ({signal.strsignal(sig) or ''})".replace(" ()", "")
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 class IsolatedWorker:
@@ -232,6 +206,38 @@ class IsolatedWorker:
         if spec["library"]:
             res.payload.setdefault("library", spec["library"])
         return res
+
+    def run_batch(self, library: str | Path, functions: list[str], inputs: list[np.ndarray],
+                  expected: list[np.ndarray], output_shapes: list[tuple[int, ...]], *,
+                  rtol: float, atol: float, timing: dict | None,
+                  env: Mapping[str, str | None] | None = None, timeout_s: float = 60.0
+                  ) -> list[RunResult]:
+        """Run, check and time every entry point ``functions`` of one compiled ``library`` on
+        the same ``inputs`` (one job: the arrays travel once, the library is opened once);
+        one ``RunResult`` per function, in order.  A function that crashes the worker or
+        runs past ``timeout_s`` is that function's ``runtime_error`` / ``timeout``; the
+        worker is replaced and the functions after it still run."""
+        spec = _validate({"library": str(library), "inputs": inputs, "expected": expected,
+                          "outputs": output_shapes, "rtol": rtol, "atol": atol,
+                          "timing": timing, "env": dict(env or {})})
+        if not functions:
+            return []
+        with self._lock:
+            self._jobs += 1
+            jobdir = self._dir / f"job{self._jobs}"
+            jobdir.mkdir()
+            try:
+                for i, a in enumerate(spec["inputs"]):
+                    np.save(jobdir / f"in{i}.npy", np.ascontiguousarray(a))
+                for i, a in enumerate(spec["expected"]):
+                    np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
+                msg = {k: spec[k] for k in ("library", "output_shapes", "rtol", "atol",
+                                            "timing", "output_fill")}
+                msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
+                           n_expected=len(spec["expected"]), functions=list(functions))
+                return BatchRunner(self, msg, spec["env"], len(functions), timeout_s).run()
+            finally:
+                shutil.rmtree(jobdir, ignore_errors=True)
 
     def _run_locked(self, spec: dict, timeout_s: float) -> RunResult:
         try:

@@ -39,6 +39,9 @@ class Timing:
     stable: bool  # rse reached the target
     stop_reason: str  # "stable" | "budget" | "max_repeats"
     total_s: float  # wall time spent in measure(), warm-up included
+    # CPU time of the timing thread over wall time while sampling (host clock only; None for
+    # a device clock): well below 1 means the thread lost its core to other work mid-sample
+    cpu_share: float | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -99,6 +102,7 @@ def measure(fn: Callable[[], object], *, warmup: int = 2, min_repeats: int = 7,
     if warmup < 0 or budget_s <= 0 or target_rse <= 0:
         raise ValueError(f"measure: warmup={warmup} must be >= 0, budget_s={budget_s} and "
                          f"target_rse={target_rse} must be > 0")
+    host = clock is None
     clock = clock if clock is not None else HostClock()
     wall = time.perf_counter_ns
     start = wall()
@@ -119,6 +123,7 @@ def measure(fn: Callable[[], object], *, warmup: int = 2, min_repeats: int = 7,
     samples: list[float] = []
     reason = "max_repeats"
     rse = math.inf
+    cpu0, wall0 = time.thread_time_ns(), wall()
     while len(samples) < max_repeats:
         clock.start()
         for _ in range(per):
@@ -133,6 +138,7 @@ def measure(fn: Callable[[], object], *, warmup: int = 2, min_repeats: int = 7,
         if (wall() - start) * 1e-9 >= budget_s:
             reason = "budget"
             break
+    cpu_ns, wall_ns = time.thread_time_ns() - cpu0, wall() - wall0
     med, mad, iqr, rse = _stats(samples)
     a = np.asarray(samples)
     return Timing(
@@ -140,4 +146,5 @@ def measure(fn: Callable[[], object], *, warmup: int = 2, min_repeats: int = 7,
         mean_s=float(a.mean()), rse=rse, samples_s=tuple(samples), calls_per_sample=per,
         warmup=done_warmup, stable=rse <= target_rse and len(samples) >= min_repeats,
         stop_reason=reason, total_s=(wall() - start) * 1e-9,
+        cpu_share=min(1.0, cpu_ns / wall_ns) if host and wall_ns > 0 else None,
     )

@@ -140,6 +140,54 @@ def _run_job(msg: dict, libs: dict) -> dict:
     return reply
 
 
+def _run_batch(msg: dict, libs: dict, conn: Any) -> dict:
+    """A ``batch`` job: many entry points of one library (``functions``) on the same inputs,
+    each run once, checked against the same expected outputs and timed; one reply per function
+    goes back as soon as it is known (``{"index": i, ...}``), so a kernel that crashes the
+    worker is named by the parent (the first index without a reply) and the rest can go on in
+    a new worker.  Outputs are not sent back: a trial keeps only their errors."""
+    import ctypes
+
+    d = Path(msg["dir"])
+    lib = libs.get(msg["library"])
+    if lib is None:
+        lib = libs[msg["library"]] = ctypes.CDLL(msg["library"])
+    fptr = ctypes.POINTER(ctypes.c_float)
+    sources = [np.load(d / f"in{i}.npy", mmap_mode="r") for i in range(msg["n_inputs"])]
+    inputs = [_aligned_empty(src.shape) for src in sources]
+    outputs = [_aligned_empty(tuple(s)) for s in msg["output_shapes"]]
+    expected = [np.load(d / f"exp{i}.npy") for i in range(msg["n_expected"])]
+    in_ptrs = (fptr * max(1, len(inputs)))(*[a.ctypes.data_as(fptr) for a in inputs])
+    out_ptrs = (fptr * max(1, len(outputs)))(*[a.ctypes.data_as(fptr) for a in outputs])
+    for index, name in enumerate(msg["functions"]):
+        if index < msg.get("start", 0):
+            continue
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            conn.send({"index": index, "status": RUNTIME_ERROR,
+                       "message": f"function {name!r} is not exported by {msg['library']}"})
+            continue
+        fn.argtypes = [ctypes.POINTER(fptr), ctypes.POINTER(fptr)]
+        fn.restype = None
+        for a, src in zip(inputs, sources, strict=True):  # as sent: a kernel before this
+            a[...] = src  # one may have written where it should only have read
+        for o in outputs:
+            o.fill(msg["output_fill"])
+
+        def call(fn: Any = fn) -> None:
+            fn(in_ptrs, out_ptrs)
+
+        t0 = time.perf_counter()
+        call()
+        first_s = time.perf_counter() - t0
+        reply = checked(outputs, expected, msg["rtol"], msg["atol"], {"first_call_s": first_s})
+        if reply["status"] == OK and msg["timing"] is not None:
+            reply["timing"] = measure(call, **msg["timing"]).as_dict()
+        conn.send({"index": index, **reply})
+    return {"status": OK, "message": "", "done": True}
+
+
 def worker_main(conn: Any, log_path: str) -> None:
     """Serve jobs until the pipe closes. Output of the kernel (and crash reports) go to a log."""
     import faulthandler
@@ -156,7 +204,8 @@ def worker_main(conn: Any, log_path: str) -> None:
         except (EOFError, OSError):
             return
         try:
-            reply = _run_job(msg, libs)
+            reply = _run_batch(msg, libs, conn) if msg.get("functions") else \
+                _run_job(msg, libs)
         except Exception as e:  # ctypes load errors, unreadable files, bad shapes...
             reply = {"status": RUNTIME_ERROR, "message": f"{type(e).__name__}: {e}"}
         conn.send(reply)

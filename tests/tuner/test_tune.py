@@ -314,3 +314,21 @@ def test_a_replay_pool_answers_typed_requests_with_typed_results() -> None:
     with pytest.raises(TypeError):
         TrialRequest.of({"reference": reference, "bogus": 1})
     pool.close()
+
+
+def test_confirming_again_keeps_the_verdict_of_the_run_that_timed(tmp_path, rmsnorm_matmul):
+    """A relaunch that re-times nothing does not judge old timings afresh: a best marked
+    uncertain by the run that timed it stays so (the timings' noise was that run's)."""
+    from tuner.pipeline.confirm import confirm
+
+    database, pool, task, storage, key = _setup(tmp_path, rmsnorm_matmul)
+    _runner(database, storage, pool, 8).run(task, key.program_hash)
+    pid = database.program_id(key.program_hash, key.shapes, key.dtype)
+    out = confirm(database, pool, key, pid, 3, task.reference_obj, 1e-3)
+    best = database.best_kernel(key.program_hash, key.shapes, key.dtype, "cpu:replay")
+    assert out.uncertain is None and best.uncertain is None
+    database.confirm_best(best.trial_id, best.source, 1e-3, uncertain="loaded while timing")
+    again = confirm(database, pool, key, pid, 3, task.reference_obj, 1e-3)
+    best = database.best_kernel(key.program_hash, key.shapes, key.dtype, "cpu:replay")
+    assert again.new == 0 and again.uncertain == best.uncertain == "loaded while timing"
+    database.close()

@@ -12,7 +12,7 @@ from db import DEFAULT_URL
 from kernels import OK, replayed_gpu
 
 from ..api import InputError, parse_pairs
-from ..formatting import config_text, ms
+from ..formatting import SETTLE, config_text, ms
 from ._console import Progress
 
 if TYPE_CHECKING:
@@ -69,7 +69,8 @@ def format_summary(result: LaunchResult) -> str:
     for r in result.reports:
         fails = ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items()) if k != OK)
         cfg = config_text(r.best_config)
-        rows.append((r.program, r.device_key.split(":")[0], ms(r.best_s, unit=""),
+        rows.append((r.program, r.device_key.split(":")[0],
+                     ms(r.best_s, unit="") + ("?" if r.uncertain else ""),
                      ms(r.baseline_s, unit=""),
                      f"{r.speedup:.2f}x" if r.speedup else "-",
                      f"{r.structures_tuned}/{r.structures_found}",
@@ -80,6 +81,10 @@ def format_summary(result: LaunchResult) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    for r in result.reports:
+        if r.uncertain:
+            lines.append(f"UNCERTAIN best of {r.program} on {r.device_key}: {r.uncertain}; "
+                         + SETTLE)
     word = "resumed" if result.resumed else "new"
     lines.append(f"job {result.job_key} ({word}) in {result.elapsed_s:.1f} s -> {result.url}")
     return "\n".join(lines)
@@ -159,14 +164,22 @@ def cmd_best(args: argparse.Namespace) -> int:
               f"{f', median of {timings} timings' if timings > 1 else ''}, {margin}; "
               f"tuner.load returns the library path\n"
               f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints the "
-              "graph it runs")
+              "graph it runs" + _uncertain_line(record))
         return 0
     print(f"{program.name} ({shapes}, {record.dtype}) on {record.device_key}\n"
           f"  best kernel: {ms(record.time_s)}"
           f"{f', median of {timings} timings' if timings > 1 else ''} ({speed}); structure "
           f"{record.structure_hash[:16]}, config {cfg or '(none)'}\n"
-          f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints it")
+          f"  measured {record.updated_at:%Y-%m-%d %H:%M:%S} UTC; --source prints it"
+          + _uncertain_line(record))
     return 0
+
+
+def _uncertain_line(record: db.BestKernel) -> str:
+    """The line ``tuner best`` adds for a best whose timings could not settle it."""
+    if not record.uncertain:
+        return ""
+    return f"\n  UNCERTAIN: {record.uncertain}; another config may be faster: {SETTLE}"
 
 
 def _best_at_stored_shapes(args: argparse.Namespace, program: Program, database: db.Database

@@ -164,7 +164,7 @@ class Reader:
             b = best_t.c
             best = (select(b.program_hash, b.shapes_key, b.dtype, b.device_key, b.trial_id,
                            b.structure_id, b.time_s, b.baseline_s, b.updated_at,
-                           S.structure_hash, T.config_json)
+                           b.uncertain, S.structure_hash, T.config_json)
                     .select_from(best_t.join(structures_t, S.id == b.structure_id)
                                  .join(trials_t, T.id == b.trial_id))
                     .where(b.program_hash.in_({p.program_hash for p in progs.values()})))
@@ -177,7 +177,7 @@ class Reader:
                           "structure_hash": k.structure_hash, "config": loads(k.config_json),
                           "time_s": k.time_s, "baseline_s": k.baseline_s,
                           "speedup": (k.baseline_s / k.time_s) if k.baseline_s else None,
-                          "updated_at": utc(k.updated_at)}
+                          "updated_at": utc(k.updated_at), "uncertain": k.uncertain}
             if optuna:
                 self._optuna_states(conn, progs)
         return list(progs.values())
@@ -231,8 +231,8 @@ class Reader:
                                      M.measured_at)
                               .where(M.trial_id == trial_id).order_by(M.attempt, M.id)).all()
             b = best_t.c
-            best = conn.execute(select(b.source, b.time_s, b.baseline_s, b.updated_at)
-                                .where(b.trial_id == trial_id)).first()
+            best = conn.execute(select(b.source, b.time_s, b.baseline_s, b.updated_at,
+                                       b.uncertain).where(b.trial_id == trial_id)).first()
             study_id = None
             if r.study_name:
                 try:
@@ -256,7 +256,8 @@ class Reader:
                               "measured_at": utc(m.measured_at)} for m in ms],
             "best": None if best is None else {"source": best.source, "time_s": best.time_s,
                                                "baseline_s": best.baseline_s,
-                                               "updated_at": utc(best.updated_at)},
+                                               "updated_at": utc(best.updated_at),
+                                               "uncertain": best.uncertain},
         }
 
     # -- failures -------------------------------------------------------------------------

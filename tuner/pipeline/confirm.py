@@ -2,22 +2,26 @@
 lucky run (on this shared VM one mha config took 0.78 ms once and 1.45 ms three times after).
 
 After the studies of a program on a device, the ``confirm`` configs with the fastest first
-timing (over every run of the program on that device, not only this one) are timed again until
-each has ``TIMINGS`` timings; the best kernel becomes the config with the lowest median of its
-timings, and its stored time is that median (``db.Database.confirm_best``), even when that is
-slower than a lucky first timing.  A config whose re-run fails is not eligible.  Re-runs are
-stored as measurements with ``attempt`` 1, 2, … so a relaunch re-times nothing it already has.
+timing (over every run of the program on that device, not only this one) are timed again,
+interleaved: round 1 re-times each finalist once, then round 2, … (so a burst of load slows
+every finalist of a round, not all the timings of one), until each has ``TIMINGS`` timings,
+or ``MAX_TIMINGS`` when a round's timings were noisy or the machine loaded.  The best kernel
+becomes the config with the lowest median of its timings, and its stored time is that median
+(``db.Database.confirm_best``), even when that is slower than a lucky first timing.  The
+timings' verdict (``kernels.devices.verdict``: noisy re-timings, a loaded machine, a runner-up
+within the noise) is stored with it as ``uncertain`` and shown wherever the best is, never
+silently.  A config whose re-run fails is not eligible.  Re-runs are stored as measurements
+with ``attempt`` 1, 2, … so a relaunch re-times nothing it already has.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import db
-from kernels import MEASUREMENT_STATUSES, OK, RUNTIME_ERROR
+from kernels import MEASUREMENT_STATUSES, OK, RUNTIME_ERROR, machine_load, verdict
 
 if TYPE_CHECKING:
     from cluster import SlotPool
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from ..identity import ProgramKey
 
 TIMINGS = 3  # per confirmed config: the study's timing and two re-runs
+MAX_TIMINGS = 5  # when the re-timings were noisy or the machine loaded
 
 
 @dataclass
@@ -35,6 +40,7 @@ class ConfirmOutcome:
     best_s: float | None = None  # the winner's median
     best_timings: int = 0  # of how many timings
     first_s: float | None = None  # the fastest single first timing among the candidates
+    uncertain: str | None = None  # why the best may not be the fastest (None: it is)
 
 
 def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: int, top: int,
@@ -60,6 +66,8 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
     sources: dict[int, str] = {}
     out.candidates, out.first_s = len(firsts), firsts[0][0].median_s
 
+    noise: dict = {"noisy": 0, "timings": 0, "load": None, "timed": False}
+
     def rerun(first: db.HistoryEntry, attempt: int) -> None:
         pool.submit("trial", {"tag": f"confirm:{first.trial_id}:{attempt}",
                               "structure": structures[first.structure_id],
@@ -75,21 +83,35 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
             message=res.get("message") or None, host=res.get("host"), attempt=attempt)
         if ok and res.get("source"):
             sources[first.trial_id] = res["source"]
+        if ok:
+            noise["timings"] += 1
+            noise["noisy"] += bool(res.get("noise"))
+            # timed here and now (a recorded timing, replayed, carries no noise verdict)
+            noise["timed"] = noise["timed"] or res.get("noise", False) is not False
         out.new += 1
 
-    for first, hs in firsts:
-        done = {h.attempt for h in hs}
-        for attempt in range(1, TIMINGS):
-            if attempt not in done and not past_deadline():
+    done = {first.trial_id: {h.attempt for h in hs} for first, hs in firsts}
+    rounds = TIMINGS
+    attempt = 1
+    while attempt < rounds and not past_deadline():
+        for first, _ in firsts:  # one round: every finalist once, in turn
+            if attempt not in done[first.trial_id] and not past_deadline():
                 rerun(first, attempt)
-    medians = {}
+        attempt += 1
+        if rounds < MAX_TIMINGS and attempt == rounds and noise["timed"]:
+            load = machine_load() if pool.key.startswith("cpu") else None
+            noise["load"] = noise["load"] or load
+            if load or noise["noisy"]:  # more rounds: medians of more timings
+                rounds = MAX_TIMINGS
+    medians: dict[int, list[float]] = {}
     for first, _ in firsts:
         ms = database.measurements(first.trial_id)
         if ms and all(m.status == OK for m in ms):
-            medians[first.trial_id] = statistics.median(m.median_s for m in ms)
+            medians[first.trial_id] = [m.median_s for m in ms]
     if not medians:
         return out
-    winner = min(medians, key=lambda t: (medians[t], t))
+    judged = verdict(medians, noise["noisy"], noise["timings"], noise["load"])
+    winner = int(judged.best)
     source = sources.get(winner)
     if source is None:
         best = database.best_kernel(key.program_hash, key.shapes, key.dtype, pool.key)
@@ -102,6 +124,11 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
     if source is None:
         return out
     out.best_trial = winner
-    out.best_s = database.confirm_best(winner, source, baseline_s)
+    out.uncertain = judged.uncertain
+    if not noise["timed"]:  # nothing re-timed now: the verdict of the run that timed them
+        stored = database.best_kernel(key.program_hash, key.shapes, key.dtype, pool.key)
+        if stored is not None and stored.trial_id == winner:
+            out.uncertain = stored.uncertain
+    out.best_s = database.confirm_best(winner, source, baseline_s, uncertain=out.uncertain)
     out.best_timings = len(database.measurements(winner))
     return out

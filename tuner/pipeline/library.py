@@ -75,7 +75,8 @@ class LibraryCandidate:
         if tuned is not None and tuned <= self.median_s:
             best = self.database.best_kernel(k.program_hash, k.shapes, k.dtype, self.pool.key)
             if best is not None and best.baseline_s != self.median_s:  # speedup vs the median
-                self.database.confirm_best(best.trial_id, best.source, self.median_s)
+                self.database.confirm_best(best.trial_id, best.source, self.median_s,
+                                           uncertain=best.uncertain)
             return False
         self.database.confirm_best(self.trial_id, library_source(self.reference, name),
                                    self.median_s)

@@ -38,6 +38,7 @@ class ProgramReport:
     best_first_s: float | None = None  # the fastest single first timing, for comparison
     library: bool = False  # the library path (numpy / CuPy op by op) beat every tuned kernel
     tuned_s: float | None = None  # the fastest tuned kernel's confirmed time, for comparison
+    uncertain: str | None = None  # why the stored best may not be the fastest (None: it is)
 
     @property
     def speedup(self) -> float | None:
@@ -65,7 +66,8 @@ class ProgramReport:
                 "search_s": round(self.search_s, 3), "tune_s": round(self.tune_s, 3),
                 "shards_reused": self.shards_reused, "confirmed": self.confirmed,
                 "confirm_new": self.confirm_new, "best_first_s": self.best_first_s,
-                "library": self.library, "tuned_s": self.tuned_s}
+                "library": self.library, "tuned_s": self.tuned_s,
+                "uncertain": self.uncertain}
 
 
 @dataclass

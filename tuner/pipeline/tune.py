@@ -267,7 +267,9 @@ class StudyRunner:
             samples=res.samples if ok else None, max_error=res.max_error,
             message=res.message or None, host=res.host)
         if ok and res.source:
-            self.db.update_best(mid, res.source, task.baseline_s)
+            noise = res.get("noise")  # a single noisy timing: said until confirmed
+            self.db.update_best(mid, res.source, task.baseline_s,
+                                uncertain=f"one timing, noisy ({noise})" if noise else None)
         known[db.config_hash(config)] = (status, res.median_s)
         out.measured += 1
         out.new += 1

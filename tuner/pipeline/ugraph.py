@@ -21,7 +21,7 @@ from search import KernelGraph, to_obj
 from verifier import DEFAULT_TESTS
 
 from ..api import small_instance
-from ..formatting import ms
+from ..formatting import SETTLE, ms
 from ..identity import program_key
 from ..samplers.factory import sampler_factory
 from .base import ProgramPipeline
@@ -156,6 +156,7 @@ class UGraphPipeline(ProgramPipeline):
         if best is not None:
             rep.best_s, rep.best_structure = best.time_s, best.structure_hash
             rep.best_config = best.config
+            rep.uncertain = best.uncertain
             rep.baseline_s = rep.baseline_s or best.baseline_s
             rep.tuned_s = library.tuned_s
         rep.tune_s = time.perf_counter() - t1
@@ -173,6 +174,9 @@ class UGraphPipeline(ProgramPipeline):
         else:
             self.ctx.log(f"{name} on {pool.key}: {rep.trials} trial(s), best "
                          f"{ms(rep.best_s)}{confirmed} vs numpy {ms(rep.baseline_s)}")
+        if rep.uncertain:
+            self.ctx.log(f"{name} on {pool.key}: the best is UNCERTAIN: {rep.uncertain}; "
+                         f"{SETTLE}")
         return f"{name}@{device}", {"search_s": round(self.search_s, 3),
                                     "tune_s": round(rep.tune_s, 3)}
 

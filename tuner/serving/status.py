@@ -15,7 +15,7 @@ from datetime import datetime
 
 import db
 
-from ..formatting import ms
+from ..formatting import SETTLE, ms
 
 
 @dataclass
@@ -28,7 +28,7 @@ class ProgramStatus:
         s["shapes"] = json.loads(s.pop("shapes_key"))
         s["best"] = [{"device_key": b.device_key, "time_s": b.time_s, "baseline_s": b.baseline_s,
                       "speedup": b.speedup, "structure_hash": b.structure_hash,
-                      "config": b.config} for b in self.best]
+                      "config": b.config, "uncertain": b.uncertain} for b in self.best]
         return s
 
 
@@ -80,12 +80,17 @@ def format_status(st: Status) -> str:
             head = (s.name, shapes, str(s.structures), str(s.configs), str(s.timings),
                     str(s.failed)) if i == 0 else ("",) * 6
             rows.append((*head, "-" if b is None else b.device_key.split(":")[0],
-                         ms(None if b is None else b.time_s, unit=""),
+                         ms(None if b is None else b.time_s, unit="")
+                         + ("?" if b is not None and b.uncertain else ""),
                          ms(None if b is None else b.baseline_s, unit=""),
                          f"{b.speedup:.2f}x" if b and b.speedup else "-",
                          _when(s.last_measured_at) if i == 0 else ""))
     if st.programs:
         out += [""] + _table(rows)
+    doubts = [(p.summary.name, b) for p in st.programs for b in p.best if b.uncertain]
+    if doubts:
+        out += ["", f"? uncertain best (its timings could not settle it; {SETTLE}):"]
+        out += [f"  {name} on {b.device_key}: {b.uncertain}" for name, b in doubts]
     return "\n".join(out)
 
 

@@ -1,0 +1,104 @@
+"""Is a timing to be trusted?  The signals of a loaded or noisy machine, as pure functions.
+
+A launch run while another process kept both cores of this 2-core VM busy stored, for a
+GPT-2-style MLP, a best measured at 12.6 ms that runs 3.6 ms on a quiet machine, where a quiet
+launch finds a config at 1.0 ms: every timing was slowed by a different amount, so the ranking
+that chose the finalists was noise.  Three signals tell such timings apart:
+
+- the spread of one timing's samples (``SPREAD_LIMIT``: interquartile range over median): a
+  kernel timed on a core of its own repeats to a few percent;
+- the timing thread's CPU time over wall time while sampling (``Timing.cpu_share``,
+  ``CPU_SHARE_MIN``): below it, the thread was descheduled mid-sample;
+- other runnable threads than ours on the machine (``loaded``: more than the cores left).
+
+``timing_noise`` names the first two for one timing; ``verdict`` judges the finalists' re-
+timings, interleaved round by round: the lowest median of its rounds wins, and the best is
+*uncertain* when the re-timings were noisy or the machine loaded (the finalists themselves
+were chosen by noisy timings), or when the runner-up is within the round-to-round spread of
+the two and that spread exceeds ``TIE_LIMIT`` (a choice the timings cannot make).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SPREAD_LIMIT = 0.10  # IQR / median of one timing's samples
+CPU_SHARE_MIN = 0.80  # timing thread's CPU time / wall time while sampling
+TIE_LIMIT = 0.05  # round-to-round spread of finalists that makes a close call uncertain
+NOISY_SHARE = 0.25  # fraction of noisy re-timings that makes the best uncertain
+
+
+def timing_noise(timing: Mapping[str, Any] | None) -> str | None:
+    """Why one timing (``Timing.as_dict()``) is noisy, or None: samples spread beyond
+    ``SPREAD_LIMIT`` or the timing thread given less than ``CPU_SHARE_MIN`` of the wall time."""
+    if not timing:
+        return None
+    why = []
+    samples = list(timing.get("samples_s") or [])
+    med = float(timing.get("median_s") or 0.0)
+    if len(samples) >= 4 and med > 0:
+        q = statistics.quantiles(samples, n=4)
+        spread = (q[2] - q[0]) / med
+        if spread > SPREAD_LIMIT:
+            why.append(f"samples spread {spread:.0%} of the median")
+    share = timing.get("cpu_share")
+    if share is not None and share < CPU_SHARE_MIN:
+        why.append(f"the timing thread had {share:.0%} of the wall time")
+    return "; ".join(why) or None
+
+
+def loaded(other_runnable: float, cores: int, threads: int | None = None) -> str | None:
+    """Why the machine is too busy to time on, or None: more threads of other processes
+    ready to run than the cores the kernel's ``threads`` leave free (at least half a core
+    taken from a kernel using every core)."""
+    threads = min(threads or cores, cores)
+    free = cores - threads
+    if other_runnable > free + 0.5:
+        return (f"{other_runnable:g} other runnable thread(s) on {cores} core(s) "
+                f"({threads} used by the kernel)")
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The finalists judged: ``best`` (a key of the rounds), its median, and ``uncertain``
+    (why it may not be the fastest; None when the timings separate it)."""
+
+    best: Hashable
+    median_s: float
+    uncertain: str | None
+    medians: dict
+
+
+def verdict(rounds: Mapping[Hashable, Sequence[float]], noisy: int = 0, timings: int = 0,
+            load: str | None = None) -> Verdict:
+    """Judge the finalists from the medians of their rounds (``rounds``: key -> one median
+    per round, interleaved); ``noisy`` of ``timings`` re-timings had ``timing_noise``;
+    ``load``: ``loaded``'s answer while re-timing."""
+    if not rounds or not all(rounds.values()):
+        raise ValueError("verdict: every finalist needs at least one timing")
+    medians = {k: statistics.median(v) for k, v in rounds.items()}
+    best = min(medians, key=lambda k: (medians[k], str(k)))
+    why = []
+    if load:
+        why.append(f"the machine was loaded while re-timing ({load})")
+    if timings and noisy / timings >= NOISY_SHARE:
+        why.append(f"{noisy} of {timings} re-timings were noisy")
+    w = medians[best]
+    for k, m in sorted(medians.items(), key=lambda km: km[1]):
+        if k == best:
+            continue
+        spread = max(_spread(rounds[best], w), _spread(rounds[k], m))
+        if spread > TIE_LIMIT and m - w <= spread * w:
+            why.append(f"the runner-up is {m / w - 1:.0%} slower, within the "
+                       f"{spread:.0%} its timings vary by")
+        break  # only the runner-up can be the better choice that noise hid
+    return Verdict(best, w, "; ".join(why) or None, medians)
+
+
+def _spread(values: Sequence[float], med: float) -> float:
+    """Round-to-round spread of one finalist: (max - min) / its median (0 for one round)."""
+    return (max(values) - min(values)) / med if len(values) > 1 and med > 0 else 0.0
