@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from .enumerate import Context, Limits, Shard, Stats, plan_configs, split_shard
 from .ir import KernelGraph, Program, from_obj, small_instance, structural_hash, to_obj
-from .partition import compute_ops, search_in_pieces
+from .partition import compute_ops, needs_pieces, search_in_pieces
 from .ranking import describe, flops, rank
 
 log = logging.getLogger("search")
@@ -175,7 +175,7 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
     ops = len(compute_ops(reference))
     if time_limit_s is None:
         time_limit_s = limits.time_limit_s or default_time_limit(ops)
-    if limits.partition_above is not None and ops > limits.partition_above:
+    if needs_pieces(reference, limits.partition_above, limits.partition_min_heavy):
         return _search_pieces(program, given, executor, time_limit_s, tests, on_progress,
                               done or {}, on_shard, verify, start)
     small = small_instance(program).build()

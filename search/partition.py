@@ -58,6 +58,19 @@ def compute_ops(graph: KernelGraph) -> list:
     return [op for op in graph.ops if op.kind not in ("input", "output")]
 
 
+def heavy_ops(graph: KernelGraph) -> int:
+    """Matmuls and reductions (every compute op that is not pointwise): what makes the
+    search's cost grow with a program, and where partitioning cuts."""
+    return sum(1 for op in compute_ops(graph) if not OPS[op.kind].elementwise)
+
+
+def needs_pieces(graph: KernelGraph, partition_above: int | None, min_heavy: int) -> bool:
+    """Whether a program is searched in pieces: more than ``partition_above`` compute ops,
+    at least ``min_heavy`` of them matmuls or reductions (``Limits``)."""
+    return (partition_above is not None and len(compute_ops(graph)) > partition_above
+            and heavy_ops(graph) >= min_heavy)
+
+
 def plan_pieces(program: Program, max_piece_ops: int, max_outputs: int = 2) -> list[Piece]:
     """Cut ``program`` into pieces of at most ``max_piece_ops`` consecutive ops, choosing the
     cut that moves the fewest bytes through global memory (then the fewest pieces)."""

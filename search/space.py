@@ -45,6 +45,10 @@ class Limits:
     # search.partition)
     partition_above: int | None = 7
     max_piece_ops: int = 4
+    # ... and only if at least this many of them are matmuls or reductions: pointwise ops fuse
+    # into one kernel's thread code and cost the search little, so a written-out LayerNorm
+    # (9 ops, 2 reductions) stays one kernel, while a norm + SwiGLU block (4 heavy) is cut
+    partition_min_heavy: int = 4
 
     def __post_init__(self) -> None:
         for name in (*self.kernel_ops, *self.block_ops):
@@ -58,6 +62,8 @@ class Limits:
             raise ValueError("partition_above must be at least 1 (or None: never partition)")
         if self.max_piece_ops < 1:
             raise ValueError("max_piece_ops must be at least 1")
+        if self.partition_min_heavy < 0:
+            raise ValueError("partition_min_heavy must be at least 0")
 
     def for_program(self, n_inputs: int) -> Limits:
         """These limits with an adaptive ``max_block_inputs`` resolved for a program of

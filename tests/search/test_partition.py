@@ -162,7 +162,7 @@ outputs: [S]
 """)
     # one kernel at most, and no exp in a block graph: exp then sum cannot be one kernel, so
     # the 2-op piece finds nothing and is searched again as two 1-op pieces
-    limits = Limits(partition_above=1, max_piece_ops=2, max_kernel_ops=1,
+    limits = Limits(partition_above=1, partition_min_heavy=0, max_piece_ops=2, max_kernel_ops=1,
                     block_ops=("add", "accum"))
     result = search_program(program, limits, executor=LocalExecutor())
     pieces = result.partition["pieces"]
