@@ -29,8 +29,8 @@ def _rms_norm_matmul(dtype: str = mi.float32) -> mi.KNGraph:
     tAccX = tb.forloop_accum(tX, "rms")
     tAccM = tb.forloop_accum(tM)
     tb.new_output(stensor=tb.div(tAccM, tAccX), output_map=(1, -1, -1))
-    O = graph.customized([X, W], tb)
-    graph.mark_output(O[0])
+    out_ts = graph.customized([X, W], tb)
+    graph.mark_output(out_ts[0])
     return graph
 
 
@@ -55,8 +55,8 @@ def test_gated_mlp_as_mirage_writes_it() -> None:
     tA1 = tb.forloop_accum(tb.matmul(tX, tW1))
     tA2 = tb.forloop_accum(tb.matmul(tX, tW2))
     tb.new_output(stensor=tb.mul(tb.silu(tA1), tA2), output_map=(1, -1, -1))
-    O = graph.customized([X, W1, W2], tb)
-    graph.mark_output(O[0])
+    out_ts = graph.customized([X, W1, W2], tb)
+    graph.mark_output(out_ts[0])
     x, w1, w2 = _rand(8, 128), _rand(128, 256), _rand(128, 256)
     (out,) = graph(inputs=[x, w1, w2])
     d = x @ w1
@@ -80,15 +80,15 @@ def test_group_query_attention_in_two_customized_kernels() -> None:
     bO2 = tb1.forloop_accum(bE, "sum")
     tb1.new_output(stensor=bO1, output_map=(0, -1, 1))
     tb1.new_output(stensor=bO2, output_map=(0, -1, 1))
-    O = graph.customized([Q, K, V], tb1)
+    out_ts = graph.customized([Q, K, V], tb1)
     tb2 = mi.new_threadblock_graph(grid_dim=(2, 4, 1), block_dim=(128, 1, 1), forloop_range=1,
                                    reduction_dimx=16)
-    bA = tb2.forloop_accum(tb2.new_input(dtensor=O[0], input_map=(0, 1, -1), forloop_dim=-1),
+    bA = tb2.forloop_accum(tb2.new_input(dtensor=out_ts[0], input_map=(0, 1, -1), forloop_dim=-1),
                            "sum_todimx")  # already reduction_dimx wide: the plain sum
-    bB = tb2.forloop_accum(tb2.new_input(dtensor=O[1], input_map=(0, 1, -1), forloop_dim=-1),
+    bB = tb2.forloop_accum(tb2.new_input(dtensor=out_ts[1], input_map=(0, 1, -1), forloop_dim=-1),
                            "sum")
     tb2.new_output(stensor=tb2.div(bA, bB), output_map=(0, 1, -1))
-    (out_t,) = graph.customized(O, tb2)
+    (out_t,) = graph.customized(out_ts, tb2)
     graph.mark_output(out_t)
     q, k, v = _rand(2, 32, 16) * 0.3, _rand(2, 16, 128) * 0.3, _rand(2, 128, 16)
     # Mirage's call form with options it has (online softmax) that change nothing here

@@ -90,9 +90,9 @@ def superoptimize(graph: KernelGraph, *, db: str | None = None, device: str | No
     """``KNGraph.superoptimize`` for any kernel graph of predefined ops."""
     import db as tuner_db
 
-    from .jobfile import ClusterSpec, DatabaseSpec, JobSpec, ProgramEntry, SearchSpec, TuningSpec
-    from .pipeline import JobRun, check_devices
-    from .serving import load
+    from ..jobfile import ClusterSpec, DatabaseSpec, JobSpec, ProgramEntry, SearchSpec, TuningSpec
+    from ..pipeline import JobRun, check_devices
+    from ..serving import load
 
     program = to_program(graph, name)
     device = device or _this_device()
@@ -117,7 +117,7 @@ def superoptimize(graph: KernelGraph, *, db: str | None = None, device: str | No
 
 
 def _best(program: Program, device: str, url: str) -> Any:
-    from .serving import best
+    from ..serving import best
 
     return best(program, device=device, url=url)
 
