@@ -33,10 +33,11 @@ import numpy as np
 
 from ._compile import CompileError, compile_cpp, cpp_flags
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT
+from ._storage import STORAGE
 from ._worker import worker_main
 
 _JOB_KEYS = {"library", "source", "call", "args", "env", "flags", "function", "inputs",
-             "outputs", "expected", "rtol", "atol", "timing", "output_fill"}
+             "outputs", "expected", "rtol", "atol", "timing", "output_fill", "storage"}
 _ENV_LOCK = threading.Lock()  # os.environ is patched while a worker process is spawned
 
 
@@ -110,7 +111,19 @@ def _validate(job: dict) -> dict:
         "inputs": inputs, "expected": expected, "output_shapes": shapes,
         "rtol": float(job.get("rtol", 1e-4)), "atol": float(job.get("atol", 1e-5)),
         "timing": timing, "output_fill": float(job.get("output_fill", np.nan)),
+        "storage": _storage(job, len(inputs) + len(shapes)),
     }
+
+
+def _storage(job: dict, n: int) -> list[str]:
+    """The storage dtype of each input then output the kernel takes (``job['storage']``,
+    default float32): the worker hands a half program's kernel half arrays and reads its
+    outputs back as float32."""
+    storage = list(job.get("storage") or ["float32"] * n)
+    if len(storage) != n or any(d not in STORAGE for d in storage):
+        raise ValueError(f"run_isolated: job['storage'] must name one of {sorted(STORAGE)} "
+                         f"for each of the {n} inputs and outputs, got {storage!r}")
+    return storage
 
 
 def _signal_text(code: int | None) -> str:
@@ -247,7 +260,8 @@ class IsolatedWorker:
             for i, a in enumerate(spec["expected"]):
                 np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
             msg = {k: spec[k] for k in ("library", "call", "args", "function", "output_shapes",
-                                        "rtol", "atol", "timing", "output_fill")}
+                                        "rtol", "atol", "timing", "output_fill",
+                                        "storage")}
             msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
                        n_expected=len(spec["expected"]))
             log_offset = self._log.stat().st_size if self._log.exists() else 0
