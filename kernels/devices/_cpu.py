@@ -235,8 +235,8 @@ def _address(x: Any, shape: tuple, dtype: str, what: str, plan: KernelPlan,
                 x.device.type == "cpu" and tuple(x.shape) == shape:
             return x.data_ptr(), x, "torch"
         if writable:
-            raise ValueError(f"{plan.name}: {what} must be a contiguous torch.{dtype} CPU "
-                             f"tensor of shape {shape}")
+            raise ValueError(f"{plan.name}: {what} must be a contiguous {dtype} CPU tensor "
+                             f"(torch.{dtype}) of shape {shape}")
         x = x.detach().cpu().float().numpy()
     elif not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
         x = np.from_dlpack(x)
