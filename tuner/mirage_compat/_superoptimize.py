@@ -4,6 +4,7 @@ stored by the whole tuner, and the best kernel returned as a callable (see docs/
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,23 +87,27 @@ def superoptimize(graph: KernelGraph, *, db: str | None = None, device: str | No
                   name: str | None = None, trials: int = 8, structures: int = 3,
                   time_budget_s: float | None = 120.0,
                   search_time_limit_s: float | None = 120.0, workers: int = 1,
-                  verbose: bool = False, ignored: Sequence[str] = ()) -> Optimized:
-    """``KNGraph.superoptimize`` for any kernel graph of predefined ops."""
+                  verbose: bool = True, ignored: Sequence[str] = ()) -> Optimized:
+    """``KNGraph.superoptimize`` for any kernel graph of predefined ops.
+
+    A graph whose job already finished in ``db`` (same program, shapes, dtype, limits and
+    device) returns its stored best kernel at once: the database is read before Ray, the
+    search or the tuner are imported.  Otherwise the whole launch runs, and with ``verbose``
+    (the default, as Mirage prints its progress) a line per phase goes to stderr: the search's
+    states and time, the verified structures, every tuning trial as n/N with the best so far."""
     import db as tuner_db
 
+    from ..identity import job_key
     from ..jobfile import ClusterSpec, DatabaseSpec, JobSpec, ProgramEntry, SearchSpec, TuningSpec
-    from ..pipeline import JobRun, check_devices
-    from ..serving import load
 
+    start = time.perf_counter()
     program = to_program(graph, name)
     device = device or _this_device()
     url = db or tuner_db.DEFAULT_URL
     tuner_db.normalize_url(url)
-    check_devices((device,))
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else None
-    if verbose and ignored:
-        print(f"superoptimize: Mirage options {', '.join(ignored)} are not used here",
-              file=sys.stderr)
+    say = _say if verbose else (lambda _msg: None)
+    if ignored:
+        say(f"Mirage options {', '.join(ignored)} are not used here")
     job = JobSpec(source=f"mirage:{program.name}",
                   programs=(ProgramEntry(program, "inline", "inline", {}, 1),),
                   search=SearchSpec(time_limit_s=search_time_limit_s),
@@ -110,10 +115,84 @@ def superoptimize(graph: KernelGraph, *, db: str | None = None, device: str | No
                                     time_budget_s=time_budget_s, seed=0),
                   devices=(device,), cluster=ClusterSpec(workers=workers),
                   database=DatabaseSpec(url))
-    JobRun(job, url, log=log).run()
+    stored = _stored(program, device, url, job_key(job))
+    if stored is not None:
+        say(f"{program.name}: stored in {url} by an earlier run: {stored!r} "
+            f"({time.perf_counter() - start:.2f} s)")
+        return stored
+
+    from ..pipeline import JobRun, check_devices
+
+    check_devices((device,))
+    say(f"{program.name}: {len(program.build().ops)} ops, {program.dtype}, on {device}; "
+        f"search (limit {search_time_limit_s} s), verification, then up to "
+        f"{structures} x {trials} tuning trials; results to {url}")
+    progress = _Progress(structures * trials, start) if verbose else None
+    JobRun(job, url, log=progress.log if progress else None, progress=progress).run()
+    from ..serving import load
+
     kernel = load(program, device=device, url=url)
-    record = _best(program, device, url)
-    return Optimized(kernel, record, program, url)
+    result = Optimized(kernel, _best(program, device, url), program, url)
+    say(f"{program.name}: done in {time.perf_counter() - start:.1f} s: {result!r}")
+    return result
+
+
+def _stored(program: Program, device: str, url: str, key: str) -> Optimized | None:
+    """The finished job ``key``'s best kernel in ``url``, or None (no such database, job or
+    kernel): nothing is created or migrated."""
+    import db as tuner_db
+
+    from ..serving import best
+    from ..serving.cache import kernel_from_record
+
+    try:
+        database = tuner_db.connect(url, migrate_schema=False)
+    except tuner_db.DatabaseError:
+        return None
+    with database:
+        job = database.job(key)
+        if job is None or job.status != "finished":
+            return None
+        record = best(program, device=device, database=database)
+    if record is None:
+        return None
+    return Optimized(kernel_from_record(record, program.name), record, program, url)
+
+
+def _say(message: str) -> None:
+    print(f"superoptimize: {message}", file=sys.stderr, flush=True)
+
+
+class _Progress:
+    """The launch's progress as lines on stderr (the pipeline's ``ProgressSink``): the search
+    every few seconds and when it verifies a structure, each tuning trial as n/N."""
+
+    def __init__(self, total_trials: int, start: float, every_s: float = 5.0) -> None:
+        self.total, self.start, self.every_s = total_trials, start, every_s
+        self.trials, self.best_s = 0, None
+        self._last: tuple[float, int] = (-every_s, -1)
+
+    def log(self, message: str) -> None:
+        _say(message)
+
+    def search(self, program: str, info: dict[str, Any]) -> None:
+        now, verified = time.perf_counter(), int(info.get("verified", 0))
+        if now - self._last[0] < self.every_s and verified == self._last[1]:
+            return
+        self._last = (now, verified)
+        _say(f"search: {int(info.get('states', 0)):,} states, {verified} verified, "
+             f"{float(info.get('elapsed_s', 0.0)):.1f} s")
+
+    def trial(self, program: str, structure_hash: str, res: dict[str, Any]) -> None:
+        self.trials += 1
+        t = res.get("median_s")
+        if res.get("status") == "ok" and t:
+            self.best_s = t if self.best_s is None else min(self.best_s, t)
+        what = f"{t * 1e3:.3f} ms" if res.get("status") == "ok" and t else res.get("status")
+        best = f"{self.best_s * 1e3:.3f} ms" if self.best_s is not None else "none yet"
+        _say(f"tuning trial {self.trials}/{self.total} [{structure_hash[:10]}] "
+             f"{res.get('config')}: {what} (best {best}; "
+             f"{time.perf_counter() - self.start:.0f} s)")
 
 
 def _best(program: Program, device: str, url: str) -> Any:
