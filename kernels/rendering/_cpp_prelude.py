@@ -234,7 +234,8 @@ static inline float to_f(tuner_f16 h) {
   // sign-extended, shifted and masked: the half's sign, exponent and mantissa where a float
   // keeps them; one multiply rebiases the exponent (15 -> 127) and normalises subnormals
   uint32_t u = ((uint32_t)(int32_t)(int16_t)h << 13) & 0x8fffe000u;
-  const uint32_t special = (u & 0x0f800000u) == 0x0f800000u ? 0x7f800000u : 0u;  // inf, NaN
+  // inf and NaN; a mask, not a ternary, which GCC made a branch (and no vector loop) on AVX2
+  const uint32_t special = (0u - (uint32_t)((u & 0x0f800000u) == 0x0f800000u)) & 0x7f800000u;
   float f;
   memcpy(&f, &u, 4);
   f *= 0x1p112f;
@@ -271,8 +272,11 @@ static inline tuner_f16 to_f16(float f) {
   memcpy(&sub, &t, 4);
   sub -= 0x3f000000u;
   const uint32_t norm = (x + 0xc8000fffu + ((x >> 13) & 1u)) >> 13;  // rebias, round to even
-  uint32_t o = x < 0x38800000u ? sub : norm;
-  o = x >= 0x47800000u ? (x > 0x7f800000u ? 0x7e00u : 0x7c00u) : o;  // overflow: inf; NaN
+  // the cases chosen by masks (ternaries became branches on AVX2: no vector loop)
+  const uint32_t tiny = 0u - (uint32_t)(x < 0x38800000u);
+  const uint32_t big = 0u - (uint32_t)(x >= 0x47800000u);  // overflow: inf; NaN: a quiet NaN
+  const uint32_t special = 0x7c00u | ((0u - (uint32_t)(x > 0x7f800000u)) & 0x0200u);
+  const uint32_t o = (((sub & tiny) | (norm & ~tiny)) & ~big) | (special & big);
   return (tuner_f16)(o | sign);
 }
 static inline tuner_bf16 to_bf16(float x) {
