@@ -210,9 +210,11 @@ class CpuKernel:
                                             self.plan, writable=i >= n)
             if not same and i < n and not self.warned:
                 self.warned = True
-                warnings.warn(f"{self.plan.name}: input {j} ({_dtype_name(x)}) is converted to "
-                              f"the program's {self._dtypes[i]} on every call; pass "
-                              f"{self._dtypes[i]} arrays to skip the copy", stacklevel=2)
+                have, want = _dtype_name(x), self._dtypes[i]
+                why = f"is converted to the program's {want}" if have != want else \
+                    "(not C-contiguous) is copied"
+                warnings.warn(f"{self.plan.name}: input {j} ({have}) {why} on every call; pass "
+                              f"C-contiguous {want} arrays to skip the copy", stacklevel=2)
             keep.append(owner)
             # numpy cannot move an array the kernel holds; a torch tensor can be resized in
             # place, so its address and shape are checked again when it comes back

@@ -93,6 +93,24 @@ class KNGraph(KernelGraph):
         """Mirage's handle on the C++ graph, passed to ``generate_cuda_program``: the graph."""
         return self
 
+    def get_input_dtensors(self) -> list[Tensor]:
+        """Mirage's ``cygraph.get_input_dtensors()``: the input tensors, in order."""
+        return [Tensor(self, t) for t in self.input_ids]
+
+    def get_input_dtensor_shape_and_stride(self, tensor: Tensor) -> tuple[tuple, tuple]:
+        """(dims, strides) of an input: row-major, the only layout here."""
+        dims = tuple(int(d) for d in tensor.shape)  # type: ignore[arg-type]
+        strides: list[int] = []
+        step = 1
+        for d in reversed(dims):
+            strides.insert(0, step)
+            step *= d
+        return dims, tuple(strides)
+
+    def get_input_dtensor_layout(self, tensor: Tensor) -> tuple:
+        """An input's strides (Mirage's layout): row-major."""
+        return self.get_input_dtensor_shape_and_stride(tensor)[1]
+
     def visualize(self, name: str) -> Path:
         """Mirage draws the graph; here its text form goes to ``<name>.txt`` (the path)."""
         path = Path(f"{name}.txt")

@@ -19,8 +19,18 @@ class Optimized:
     best-kernel row, ``program`` the graph as a tuner program, ``url`` the database."""
 
     def __init__(self, kernel: Callable[..., list], record: Any, program: Program,
-                 url: str) -> None:
+                 url: str, graph: KernelGraph | None = None) -> None:
         self.kernel, self.record, self.program, self.url = kernel, record, program, url
+        self.graph = graph
+
+    @property
+    def cygraph(self) -> KernelGraph:
+        """Mirage's ``optimized.cygraph``: here the graph as it was given (its inputs, for
+        ``get_input_dtensors``; ``generate_cuda_program`` prints it op by op, not the tuned
+        kernel, whose source is ``record.source``)."""
+        if self.graph is None:
+            raise AttributeError("this Optimized was made without its graph")
+        return self.graph
 
     @property
     def library(self) -> bool:
@@ -115,7 +125,7 @@ def superoptimize(graph: KernelGraph, *, db: str | None = None, device: str | No
                                     time_budget_s=time_budget_s, seed=0),
                   devices=(device,), cluster=ClusterSpec(workers=workers),
                   database=DatabaseSpec(url))
-    stored = _stored(program, device, url, job_key(job))
+    stored = _stored(program, device, url, job_key(job), graph)
     if stored is not None:
         say(f"{program.name}: stored in {url} by an earlier run: {stored!r} "
             f"({time.perf_counter() - start:.2f} s)")
@@ -132,12 +142,13 @@ def superoptimize(graph: KernelGraph, *, db: str | None = None, device: str | No
     from ..serving import load
 
     kernel = load(program, device=device, url=url)
-    result = Optimized(kernel, _best(program, device, url), program, url)
+    result = Optimized(kernel, _best(program, device, url), program, url, graph)
     say(f"{program.name}: done in {time.perf_counter() - start:.1f} s: {result!r}")
     return result
 
 
-def _stored(program: Program, device: str, url: str, key: str) -> Optimized | None:
+def _stored(program: Program, device: str, url: str, key: str,
+            graph: KernelGraph) -> Optimized | None:
     """The finished job ``key``'s best kernel in ``url``, or None (no such database, job or
     kernel): nothing is created or migrated."""
     import db as tuner_db
@@ -156,7 +167,7 @@ def _stored(program: Program, device: str, url: str, key: str) -> Optimized | No
         record = best(program, device=device, database=database)
     if record is None:
         return None
-    return Optimized(kernel_from_record(record, program.name), record, program, url)
+    return Optimized(kernel_from_record(record, program.name), record, program, url, graph)
 
 
 def _say(message: str) -> None:
