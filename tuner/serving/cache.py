@@ -66,7 +66,8 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
     """The best stored kernel of ``program`` as a function ``f(*arrays) -> [outputs]``.
 
     cpu kernels take and return numpy arrays (or torch CPU tensors) of the program's dtype;
-    cuda kernels CuPy arrays.  Raises ``InputError`` (with the launch command to run) when nothing was tuned.
+    cuda kernels CuPy arrays.  Raises ``InputError`` (with the launch command to run) when
+    nothing was tuned.
     """
     prog = program if isinstance(program, Program) else load_program(program, overrides)
     record = best(prog, device=device, url=url, database=database)
