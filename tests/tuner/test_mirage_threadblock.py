@@ -135,6 +135,9 @@ def test_what_cannot_be_expressed_says_why() -> None:
         tb.new_output(stensor=bX, output_map=(0, -1, -1), forloop_dim=1)
     with pytest.raises(ShapeError, match="acc 'max'"):
         tb.forloop_accum(bX, "max")
+    for call in ("concat", "reduction_max", "clamp"):  # kernel-level calls with no op here
+        with pytest.raises(MirageUnsupported, match=call):
+            getattr(graph, call)(X)
     Y = graph.new_input(dims=(2, 16, 256), dtype=mi.float16)
     tb.forloop_accum(bX)
     with pytest.raises(ShapeError, match="customized: inputs"):

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from search import DTYPES, BlockGraph, KernelGraph, ShapeError, Tensor
 
+from ._block import MirageUnsupported
+
 if TYPE_CHECKING:
     from ._superoptimize import Optimized
 
@@ -86,6 +88,15 @@ class KNGraph(KernelGraph):
                 f"of this graph the thread-block graph reads with new_input "
                 f"({[str(t) for t in tb.sources]})")
         return self.graph_kernel(tb)
+
+    def concat(self, *args: Any, **kw: Any) -> Tensor:
+        raise MirageUnsupported("concat: the op table has no concatenation")
+
+    def reduction_max(self, *args: Any, **kw: Any) -> Tensor:
+        raise MirageUnsupported("reduction_max: the op table has no max reduction")
+
+    def clamp(self, *args: Any, **kw: Any) -> Tensor:
+        raise MirageUnsupported("clamp: the op table has no clamp")
 
     # --- Mirage's other kernel-graph calls -------------------------------------------------
     @property
