@@ -14,12 +14,14 @@ from .mirage_compat import (
     KNGraph,
     TBGraph,
     bfloat16,
+    convert_dtype_to_torch_type,
     float16,
     float32,
     generate_cpu_program,
     generate_cuda_program,
     new_kernel_graph,
     new_threadblock_graph,
+    set_gpu_device_id,
 )
 from .serving import best, load, status
 
@@ -31,8 +33,9 @@ def launch(path: str, **kwargs: object) -> object:
     return _launch(path, **kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "TBGraph", "best", "bfloat16", "float16",
+__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "TBGraph", "best", "bfloat16",
+           "convert_dtype_to_torch_type", "float16",
            "float32", "generate_cpu_program", "generate_cuda_program", "launch",
            "list_programs", "load", "load_graph", "load_program", "new_block_graph",
-           "new_kernel_graph", "new_threadblock_graph", "program_graph", "status",
-           "verify_files"]
+           "new_kernel_graph", "new_threadblock_graph", "program_graph", "set_gpu_device_id",
+           "status", "verify_files"]

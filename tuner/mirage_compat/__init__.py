@@ -26,10 +26,19 @@ a graph as written (``_run``) and ``superoptimize`` (``_superoptimize``).  See d
 """
 
 from ._block import MirageUnsupported, TBGraph, new_threadblock_graph
-from ._kernel import KNGraph, bfloat16, float16, float32, new_kernel_graph
+from ._kernel import (
+    KNGraph,
+    bfloat16,
+    convert_dtype_to_torch_type,
+    float16,
+    float32,
+    new_kernel_graph,
+    set_gpu_device_id,
+)
 from ._run import generate_cpu_program, generate_cuda_program
 from ._superoptimize import Optimized, superoptimize, to_program
 
-__all__ = ["KNGraph", "MirageUnsupported", "Optimized", "TBGraph", "bfloat16", "float16",
-           "float32", "generate_cpu_program", "generate_cuda_program", "new_kernel_graph", "new_threadblock_graph",
-           "superoptimize", "to_program"]
+__all__ = ["KNGraph", "MirageUnsupported", "Optimized", "TBGraph", "bfloat16",
+           "convert_dtype_to_torch_type", "float16", "float32", "generate_cpu_program",
+           "generate_cuda_program", "new_kernel_graph", "new_threadblock_graph",
+           "set_gpu_device_id", "superoptimize", "to_program"]

@@ -164,6 +164,20 @@ def new_kernel_graph() -> KNGraph:
     return KNGraph()
 
 
+def set_gpu_device_id(device_id: int) -> None:
+    """Mirage's ``set_gpu_device_id``: kernels run on this machine's device (``cuda`` is GPU
+    0, ``superoptimize(device="cuda:N")`` another), so the id is only checked."""
+    if int(device_id) < 0:
+        raise ValueError(f"set_gpu_device_id: {device_id} is not a device index")
+
+
+def convert_dtype_to_torch_type(dtype: str) -> Any:
+    """Mirage's ``convert_dtype_to_torch_type``: ``mi.float16`` -> ``torch.float16`` etc."""
+    import torch
+
+    return getattr(torch, mirage_dtype(dtype))
+
+
 def mirage_dtype(dtype: Any) -> str:
     """A dtype given as Mirage's name, a string or a torch/numpy dtype, as the tuner's."""
     text = getattr(dtype, "name", None) or str(dtype)
