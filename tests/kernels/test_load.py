@@ -148,3 +148,20 @@ def test_half_programs_take_torch_tensors_of_their_dtype_in_place(half):
         rtol, _ = tolerance(dtype)
         np.testing.assert_allclose(y.float().numpy(), want[0], rtol=rtol,
                                    atol=rtol * float(np.max(np.abs(want[0]))))
+
+
+def test_the_library_path_of_a_half_program_speaks_its_dtype(half):
+    """Where the library path (numpy op by op) won, ``tuner.load`` returns it: the same
+    arrays in and out as the C++ kernel's."""
+    from kernels import library_kernel
+
+    dtype, _ = half
+    program = dataclasses.replace(load_program("softmax_rows", {"rows": 8, "cols": 16}),
+                                  dtype=dtype)
+    lib = library_kernel(program.build(), "cpu")
+    x = random_inputs(program.build(), seed=1)[0]
+    (y,) = lib(to_storage(x, dtype))
+    assert y.dtype == to_storage(x, dtype).dtype
+    want = reference(program.build(), [from_storage(to_storage(x, dtype), dtype)])[0]
+    rtol, _ = tolerance(dtype)
+    np.testing.assert_allclose(from_storage(y, dtype), want, rtol=rtol, atol=rtol)
