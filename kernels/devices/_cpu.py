@@ -203,7 +203,7 @@ class CpuKernel:
                 (self._out_shapes[i - n], self._outs, i - n)
             seen = self._seen[i]
             if seen is not None and x is seen[0] and (
-                    seen[1] is None or (x.data_ptr() == seen[1] and _fits(x.shape, shape))):
+                    seen[1] is None or (x.data_ptr() == seen[1] and fits_shape(x.shape, shape))):
                 continue
             ptrs[j], owner, same = _address(x, shape, self._dtypes[i],
                                             f"{'input' if i < n else 'output'} {j}",
@@ -234,7 +234,7 @@ def _address(x: Any, shape: tuple, dtype: str, what: str, plan: KernelPlan,
     ``dtype``, without a copy where ``x`` is one; outputs must be such arrays already."""
     if type(x).__module__ == "torch":
         if str(x.dtype) == f"torch.{dtype}" and x.is_contiguous() and \
-                x.device.type == "cpu" and _fits(x.shape, shape):
+                x.device.type == "cpu" and fits_shape(x.shape, shape):
             return x.data_ptr(), x, "torch"
         if writable:
             raise ValueError(f"{plan.name}: {what} must be a contiguous {dtype} CPU tensor "
@@ -244,18 +244,18 @@ def _address(x: Any, shape: tuple, dtype: str, what: str, plan: KernelPlan,
         x = np.from_dlpack(x)
     store = np.dtype(STORAGE[dtype])
     if isinstance(x, np.ndarray) and x.dtype == store and x.flags.c_contiguous and \
-            _fits(x.shape, shape) and (not writable or x.flags.writeable):
+            fits_shape(x.shape, shape) and (not writable or x.flags.writeable):
         return x.__array_interface__["data"][0], x, "numpy" if type(x) is np.ndarray else ""
     if writable:
         raise ValueError(f"{plan.name}: {what} must be a C-contiguous, writable {store} array "
                          f"of shape {shape} (the program's {dtype})")
     a = to_storage(np.asarray(x, np.float32), dtype)
-    if not _fits(a.shape, shape):
+    if not fits_shape(a.shape, shape):
         raise ValueError(f"{plan.name}: {what} has shape {a.shape}, expected {shape}")
     return a.__array_interface__["data"][0], a, ""
 
 
-def _fits(have: Any, want: tuple) -> bool:
+def fits_shape(have: Any, want: tuple) -> bool:
     """``have`` is ``want`` up to leading dims of size 1 (a (1, 1, 7168) tensor for a
     (1, 7168) input, as Mirage's scripts pass them): the same elements in the same order."""
     have = tuple(have)

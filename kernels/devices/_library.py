@@ -20,6 +20,7 @@ from kernels.device_names import device_kind
 from search.ir import KernelGraph, format_graph
 from verifier import FloatArith, run
 
+from ._cpu import fits_shape
 from ._storage import from_storage, to_storage
 
 #: ``verification.verdict`` of the structure row that stands for the library path, and the
@@ -87,6 +88,8 @@ class LibraryKernel:
                 and self.dtype == "bfloat16" else np.asarray(x, np.float32)
         else:
             a = self.xp.asarray(x, self.xp.float32)
+        if tuple(a.shape) != tuple(shape) and fits_shape(tuple(a.shape), tuple(shape)):
+            a = a.reshape(tuple(shape))  # extra leading dims of size 1, as the kernels allow
         if tuple(a.shape) != tuple(shape):
             raise ValueError(f"{self.name}: input {i} has shape {tuple(a.shape)}, expected "
                              f"{tuple(shape)}")

@@ -42,6 +42,17 @@ def test_rms_norm_matmul_as_mirage_writes_it() -> None:
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-3)
 
 
+def test_a_float16_graph_takes_and_gives_float16_as_it_is() -> None:
+    torch = pytest.importorskip("torch", reason="Mirage's scripts pass torch tensors")
+    x, w = (torch.randn(*s, dtype=torch.float16) for s in ((16, 256), (256, 128)))
+    (out,) = _rms_norm_matmul(mi.float16)(inputs=[x, w])
+    assert out.dtype == torch.float16
+    xf, wf = x.float().numpy(), w.float().numpy()
+    want = (xf / np.sqrt(np.mean(xf * xf, axis=1, keepdims=True))) @ wf
+    np.testing.assert_allclose(out.float().numpy(), want, rtol=2e-2,
+                               atol=2e-2 * float(np.abs(want).max()))
+
+
 def test_gated_mlp_as_mirage_writes_it() -> None:
     graph = mi.new_kernel_graph()
     X = graph.new_input(dims=(8, 128), dtype=mi.float32)
