@@ -11,7 +11,19 @@ for what a database holds), or compile a PyTorch model with the tuned kernels (`
 from search import BlockGraph, KernelGraph, new_block_graph
 
 from .api import list_programs, load_graph, load_program, program_graph, verify_files
-from .mirage_compat import KNGraph, bfloat16, float16, float32, new_kernel_graph
+from .mirage_compat import (
+    KNGraph,
+    TBGraph,
+    bfloat16,
+    convert_dtype_to_torch_type,
+    float16,
+    float32,
+    generate_cpu_program,
+    generate_cuda_program,
+    new_kernel_graph,
+    new_threadblock_graph,
+    set_gpu_device_id,
+)
 from .serving import best, load, status
 
 
@@ -30,7 +42,9 @@ def launch(path: str, **kwargs: object) -> object:
     return _launch(path, **kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "best", "bfloat16", "compile", "float16",
-           "float32",
-           "launch", "list_programs", "load", "load_graph", "load_program", "new_block_graph",
-           "new_kernel_graph", "program_graph", "status", "verify_files"]
+__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "TBGraph", "best", "bfloat16", "compile",
+           "convert_dtype_to_torch_type", "float16",
+           "float32", "generate_cpu_program", "generate_cuda_program", "launch",
+           "list_programs", "load", "load_graph", "load_program", "new_block_graph",
+           "new_kernel_graph", "new_threadblock_graph", "program_graph", "set_gpu_device_id",
+           "status", "verify_files"]

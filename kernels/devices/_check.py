@@ -19,8 +19,8 @@ import numpy as np
 from search.ir import KernelGraph
 from verifier import FloatArith, run
 
-# (rtol, atol) by the dtype the device computes in: CPU kernels compute float32 whatever the
-# program's dtype; CUDA kernels store float16/bfloat16 and accumulate in float32.
+# (rtol, atol) by the dtype a kernel's outputs are stored in: every device computes in float32
+# and stores a program's inputs and outputs in its dtype (float16/bfloat16 on the CPU too).
 TOLERANCE: dict[str, tuple[float, float]] = {
     "float32": (1e-4, 1e-5),
     "float16": (2e-2, 2e-3),

@@ -14,6 +14,7 @@ import ctypes
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from ._isolate import IsolatedWorker, run_isolated
 from ._noise import timing_noise
 from ._result import RunResult
 from ._status import COMPILE_ERROR, INVALID, OK, RUNTIME_ERROR, WRONG_RESULT
+from ._storage import STORAGE, from_storage, to_storage
 from ._timing import measure
 
 ENV_TTL_S = 5.0  # how long a look at the run queue sets the worker's OpenMP waiting policy
@@ -133,12 +135,22 @@ class CpuDevice(Device):
         return cpu_trials(self, structure, reference, configs, seed=seed, timing=timing,
                           worker=worker or default_worker(), timeout_s=timeout_s)
 
+    def stored(self, plan: KernelPlan, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Inputs rounded to the program's dtype: a half program's kernel reads them so."""
+        return [from_storage(to_storage(x, b.dtype), b.dtype)
+                for x, b in zip(inputs, plan.inputs, strict=True)]
+
+    def compute_dtype(self, plan: KernelPlan) -> str:
+        """Outputs are stored in the program's dtype (computed in float32): its tolerance."""
+        return plan.dtype if any(b.dtype != "float32" for b in plan.outputs) else "float32"
+
     def execute(self, plan: KernelPlan, source: str, inputs: list[np.ndarray],
                 want: Expected | None, *, timing: dict | None, worker: IsolatedWorker | None,
                 timeout_s: float, baseline: KernelGraph | None = None) -> Execution:
         env = self.worker_env()
         job = {"source": source, "inputs": inputs,
-               "outputs": [tuple(b.shape) for b in plan.outputs], "timing": timing, "env": env}
+               "outputs": [tuple(b.shape) for b in plan.outputs], "timing": timing, "env": env,
+               "storage": [b.dtype for b in (*plan.inputs, *plan.outputs)]}
         if want is not None:
             job.update(expected=want.outputs, rtol=want.rtol, atol=want.atol)
         res = run_isolated(job, timeout_s, worker)
@@ -183,13 +195,16 @@ def baseline_job(inputs: list, expected: list, args: dict) -> dict:
 class CpuKernel:
     """A compiled plan called in this process through ctypes: ``kernel(*inputs, out=None)``.
 
-    Inputs and outputs are float32 C-contiguous arrays of the plan's shapes (an input of
-    layout "transposed" at its stored shape, ``Buffer.stored_shape``): numpy arrays,
-    torch CPU tensors or anything with ``__dlpack__`` are used in place (no copy); anything
-    else is converted.  Without ``out`` the outputs are new arrays (torch tensors when the first
-    input is one).  The pointer arrays and the ctypes signature are built once, and arrays
-    passed again are recognised by identity (the kernel holds them until the next call), so a
-    call costs a few microseconds over the kernel itself.
+    Inputs and outputs are C-contiguous arrays of the plan's shapes in the program's dtype
+    (an input of layout "transposed" at its stored shape, ``Buffer.stored_shape``;
+    float32; float16; bfloat16 as torch.bfloat16 or numpy uint16 bits, ``STORAGE``): numpy
+    arrays, torch CPU tensors or anything with ``__dlpack__`` are used in place (no copy).  An
+    input of another dtype (float32 arrays given to a float16 program) is converted on every
+    call, with a warning the first time: pass arrays of the program's dtype to avoid the copy.
+    Without ``out`` the outputs are new arrays of the program's dtype (torch tensors when the
+    first input is one).  The pointer arrays and the ctypes signature are built once, and
+    arrays passed again are recognised by identity (the kernel holds them until the next call),
+    so a call costs a few microseconds over the kernel itself.
 
     Only for kernels that already passed the device's isolated check: a faulty kernel here
     would take this process down with it.
@@ -200,36 +215,47 @@ class CpuKernel:
         self.library = Path(library)
         self._in_shapes = [tuple(b.stored_shape) for b in plan.inputs]
         self._out_shapes = [tuple(b.shape) for b in plan.outputs]
+        self._dtypes = [b.dtype for b in (*plan.inputs, *plan.outputs)]
         self._ins = (ctypes.c_void_p * max(1, len(self._in_shapes)))()
         self._outs = (ctypes.c_void_p * max(1, len(self._out_shapes)))()
         self._fn = ctypes.CDLL(str(self.library)).kernel
         self._fn.argtypes = [type(self._ins), type(self._outs)]
         self._fn.restype = None
         self._seen: list = [None] * (len(self._in_shapes) + len(self._out_shapes))
+        self.warned = False
 
     def __call__(self, *inputs: Any, out: Any = None, outputs: Any = None) -> list:
         out = out if out is not None else outputs
         if len(inputs) != len(self._in_shapes):
             raise ValueError(f"{self.plan.name}: expected {len(self._in_shapes)} inputs, "
                              f"got {len(inputs)}")
+        n = len(self._in_shapes)
         if out is None:
-            outs = [_new_like(inputs[0], s) for s in self._out_shapes]
+            outs = [_new_like(inputs[0], s, d) for s, d in zip(self._out_shapes, self._dtypes[n:],
+                                                               strict=True)]
         else:
             outs = [out] if len(self._out_shapes) == 1 and not isinstance(out, list | tuple) \
                 else list(out)
             if len(outs) != len(self._out_shapes):
                 raise ValueError(f"{self.plan.name}: out= needs {len(self._out_shapes)} arrays")
         keep = []  # what owns the memory (a converted copy) lives until the kernel returns
-        n = len(self._in_shapes)
         for i, x in enumerate((*inputs, *outs)):
             shape, ptrs, j = (self._in_shapes[i], self._ins, i) if i < n else \
                 (self._out_shapes[i - n], self._outs, i - n)
             seen = self._seen[i]
             if seen is not None and x is seen[0] and (
-                    seen[1] is None or (x.data_ptr() == seen[1] and x.shape == shape)):
+                    seen[1] is None or (x.data_ptr() == seen[1] and fits_shape(x.shape, shape))):
                 continue
-            ptrs[j], owner, same = _address(x, shape, f"{'input' if i < n else 'output'} {j}",
+            ptrs[j], owner, same = _address(x, shape, self._dtypes[i],
+                                            f"{'input' if i < n else 'output'} {j}",
                                             self.plan, writable=i >= n)
+            if not same and i < n and not self.warned:
+                self.warned = True
+                have, want = _dtype_name(x), self._dtypes[i]
+                why = f"is converted to the program's {want}" if have != want else \
+                    "(not C-contiguous) is copied"
+                warnings.warn(f"{self.plan.name}: input {j} ({have}) {why} on every call; pass "
+                              f"C-contiguous {want} arrays to skip the copy", stacklevel=2)
             keep.append(owner)
             # numpy cannot move an array the kernel holds; a torch tensor can be resized in
             # place, so its address and shape are checked again when it comes back
@@ -238,39 +264,55 @@ class CpuKernel:
         return outs
 
 
-def _address(x: Any, shape: tuple, what: str, plan: KernelPlan,
+def _dtype_name(x: Any) -> str:
+    return str(getattr(x, "dtype", type(x).__name__)).removeprefix("torch.")
+
+
+def _address(x: Any, shape: tuple, dtype: str, what: str, plan: KernelPlan,
              writable: bool = False) -> tuple[int, Any, str]:
     """(data address, the object owning it, how ``x`` may be recognised next time: "numpy",
-    "torch" or "" for not at all) of a float32 C-contiguous array of ``shape``, without a copy
-    where ``x`` allows one; outputs must be such arrays already."""
+    "torch" or "" for not at all) of a C-contiguous array of ``shape`` in the storage dtype
+    ``dtype``, without a copy where ``x`` is one; outputs must be such arrays already."""
     if type(x).__module__ == "torch":
-        if x.dtype.is_floating_point and x.element_size() == 4 and x.is_contiguous() and \
-                x.device.type == "cpu" and tuple(x.shape) == shape:
+        if str(x.dtype) == f"torch.{dtype}" and x.is_contiguous() and \
+                x.device.type == "cpu" and fits_shape(x.shape, shape):
             return x.data_ptr(), x, "torch"
         if writable:
-            raise ValueError(f"{plan.name}: {what} must be a contiguous float32 CPU tensor "
-                             f"of shape {shape}")
-        x = x.detach().cpu().numpy()
+            raise ValueError(f"{plan.name}: {what} must be a contiguous {dtype} CPU tensor "
+                             f"(torch.{dtype}) of shape {shape}")
+        x = x.detach().cpu().float().numpy()
     elif not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
         x = np.from_dlpack(x)
-    if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous and \
-            x.shape == shape and (not writable or x.flags.writeable):
+    store = np.dtype(STORAGE[dtype])
+    if isinstance(x, np.ndarray) and x.dtype == store and x.flags.c_contiguous and \
+            fits_shape(x.shape, shape) and (not writable or x.flags.writeable):
         return x.__array_interface__["data"][0], x, "numpy" if type(x) is np.ndarray else ""
     if writable:
-        raise ValueError(f"{plan.name}: {what} must be a C-contiguous, writable float32 array "
-                         f"of shape {shape}")
-    a = np.ascontiguousarray(x, np.float32)
-    if a.shape != shape:
+        raise ValueError(f"{plan.name}: {what} must be a C-contiguous, writable {store} array "
+                         f"of shape {shape} (the program's {dtype})")
+    a = to_storage(np.asarray(x, np.float32), dtype)
+    if not fits_shape(a.shape, shape):
         raise ValueError(f"{plan.name}: {what} has shape {a.shape}, expected {shape}")
     return a.__array_interface__["data"][0], a, ""
 
 
-def _new_like(first: Any, shape: tuple) -> Any:
+def fits_shape(have: Any, want: tuple) -> bool:
+    """``have`` is ``want`` up to leading dims of size 1 (a (1, 1, 7168) tensor for a
+    (1, 7168) input, as Mirage's scripts pass them): the same elements in the same order."""
+    have = tuple(have)
+    return have == want or _strip_ones(have) == _strip_ones(want)
+
+
+def _strip_ones(shape: tuple) -> tuple:
+    return shape[next((i for i, d in enumerate(shape) if d != 1), len(shape)):]
+
+
+def _new_like(first: Any, shape: tuple, dtype: str) -> Any:
     if type(first).__module__ == "torch":
         import torch  # the caller already has it loaded
 
-        return torch.empty(shape, dtype=torch.float32)
-    return np.empty(shape, np.float32)
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    return np.empty(shape, STORAGE[dtype])
 
 
 def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph,
@@ -327,10 +369,12 @@ def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph
                 libs.setdefault(b[0], []).append((k, b[1]))
         env = device.worker_env()
         shapes = [tuple(b.shape) for b in plans[0].outputs]
+        storage = [b.dtype for b in (*plans[0].inputs, *plans[0].outputs)]
         for lib, entries in libs.items():
             replies = worker.run_batch(lib, [name for _, name in entries], xs, want.outputs,
                                        shapes, rtol=want.rtol, atol=want.atol,
-                                       timing=dict(timing), env=env, timeout_s=timeout_s)
+                                       timing=dict(timing), env=env, timeout_s=timeout_s,
+                                       storage=storage)
             runs.update(zip((k for k, _ in entries), replies, strict=True))
         for j, src in zip(todo, sources, strict=True):
             _fill(results[j], runs[unique[src]])

@@ -33,10 +33,11 @@ from ._batch import BatchRunner
 from ._compile import CompileError, compile_cpp, cpp_flags
 from ._result import RunResult, _signal_text
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT
+from ._storage import STORAGE
 from ._worker import worker_main
 
 _JOB_KEYS = {"library", "source", "call", "args", "env", "flags", "function", "inputs",
-             "outputs", "expected", "rtol", "atol", "timing", "output_fill"}
+             "outputs", "expected", "rtol", "atol", "timing", "output_fill", "storage"}
 _ENV_LOCK = threading.Lock()  # os.environ is patched while a worker process is spawned
 
 
@@ -96,7 +97,19 @@ def _validate(job: dict) -> dict:
         "inputs": inputs, "expected": expected, "output_shapes": shapes,
         "rtol": float(job.get("rtol", 1e-4)), "atol": float(job.get("atol", 1e-5)),
         "timing": timing, "output_fill": float(job.get("output_fill", np.nan)),
+        "storage": _storage(job, len(inputs) + len(shapes)),
     }
+
+
+def _storage(job: dict, n: int) -> list[str]:
+    """The storage dtype of each input then output the kernel takes (``job['storage']``,
+    default float32): the worker hands a half program's kernel half arrays and reads its
+    outputs back as float32."""
+    storage = list(job.get("storage") or ["float32"] * n)
+    if len(storage) != n or any(d not in STORAGE for d in storage):
+        raise ValueError(f"run_isolated: job['storage'] must name one of {sorted(STORAGE)} "
+                         f"for each of the {n} inputs and outputs, got {storage!r}")
+    return storage
 
 
 class IsolatedWorker:
@@ -210,8 +223,8 @@ class IsolatedWorker:
     def run_batch(self, library: str | Path, functions: list[str], inputs: list[np.ndarray],
                   expected: list[np.ndarray], output_shapes: list[tuple[int, ...]], *,
                   rtol: float, atol: float, timing: dict | None,
-                  env: Mapping[str, str | None] | None = None, timeout_s: float = 60.0
-                  ) -> list[RunResult]:
+                  env: Mapping[str, str | None] | None = None, timeout_s: float = 60.0,
+                  storage: list[str] | None = None) -> list[RunResult]:
         """Run, check and time every entry point ``functions`` of one compiled ``library`` on
         the same ``inputs`` (one job: the arrays travel once, the library is opened once);
         one ``RunResult`` per function, in order.  A function that crashes the worker or
@@ -219,7 +232,7 @@ class IsolatedWorker:
         worker is replaced and the functions after it still run."""
         spec = _validate({"library": str(library), "inputs": inputs, "expected": expected,
                           "outputs": output_shapes, "rtol": rtol, "atol": atol,
-                          "timing": timing, "env": dict(env or {})})
+                          "timing": timing, "env": dict(env or {}), "storage": storage})
         if not functions:
             return []
         with self._lock:
@@ -232,7 +245,7 @@ class IsolatedWorker:
                 for i, a in enumerate(spec["expected"]):
                     np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
                 msg = {k: spec[k] for k in ("library", "output_shapes", "rtol", "atol",
-                                            "timing", "output_fill")}
+                                            "timing", "output_fill", "storage")}
                 msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
                            n_expected=len(spec["expected"]), functions=list(functions))
                 return BatchRunner(self, msg, spec["env"], len(functions), timeout_s).run()
@@ -253,7 +266,8 @@ class IsolatedWorker:
             for i, a in enumerate(spec["expected"]):
                 np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
             msg = {k: spec[k] for k in ("library", "call", "args", "function", "output_shapes",
-                                        "rtol", "atol", "timing", "output_fill")}
+                                        "rtol", "atol", "timing", "output_fill",
+                                        "storage")}
             msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
                        n_expected=len(spec["expected"]))
             log_offset = self._log.stat().st_size if self._log.exists() else 0

@@ -20,6 +20,9 @@ from kernels.device_names import device_kind
 from search.ir import KernelGraph, format_graph
 from verifier import FloatArith, run
 
+from ._cpu import fits_shape
+from ._storage import from_storage, to_storage
+
 #: ``verification.verdict`` of the structure row that stands for the library path, and the
 #: prefix of its ``structure_hash`` (``library:`` + the reference's hash; the reference itself,
 #: compiled a kernel per op, is stored under its own hash with verdict ``reference``).
@@ -29,9 +32,10 @@ LIBRARY = "library"
 class LibraryKernel:
     """``kernel(*inputs, out=None) -> [outputs]``: the reference graph op by op.
 
-    On a cpu inputs are float32 numpy arrays, torch CPU tensors or DLPack arrays (converted
-    without a copy where they already are float32); outputs are new float32 arrays (torch
-    tensors when the first input is one) or, with ``out=``, the caller's arrays, filled.
+    On a cpu inputs are numpy arrays, torch CPU tensors or DLPack arrays of the program's dtype
+    (bfloat16 numpy arrays as uint16 bits, as the C++ kernels take them; run in float32);
+    outputs are new arrays of the program's dtype (torch tensors when the first input is one)
+    or, with ``out=``, the caller's arrays, filled.
     On a GPU (``xp`` is CuPy) inputs and outputs are CuPy arrays."""
 
     def __init__(self, graph: KernelGraph, name: str = "library", *, arith: Any = None,
@@ -50,6 +54,7 @@ class LibraryKernel:
                                self._layouts, strict=True)]
         self._out_shapes = [tuple(int(d) for d in graph.tensors[t].shape)
                             for t in graph.output_ids]
+        self.dtype = graph.tensors[graph.input_ids[0]].dtype if graph.input_ids else "float32"
 
     def __call__(self, *inputs: Any, out: Any = None, outputs: Any = None) -> list:
         out = out if out is not None else outputs
@@ -77,18 +82,21 @@ class LibraryKernel:
 
                 o.copy_(torch.from_numpy(np.ascontiguousarray(r, np.float32)))
             else:
-                o[...] = r
+                o[...] = to_storage(r, self.dtype) if o.dtype == np.uint16 else r
         return outs
 
     def _array(self, x: Any, shape: Sequence[int], i: int) -> Any:
         if self.xp is np:
             if type(x).__module__ == "torch":
-                x = x.detach().cpu().numpy()
+                x = x.detach().cpu().float().numpy()
             elif not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
                 x = np.from_dlpack(x)
-            a = np.asarray(x, np.float32)
+            a = from_storage(x, self.dtype) if getattr(x, "dtype", None) == np.uint16 \
+                and self.dtype == "bfloat16" else np.asarray(x, np.float32)
         else:
             a = self.xp.asarray(x, self.xp.float32)
+        if tuple(a.shape) != tuple(shape) and fits_shape(tuple(a.shape), tuple(shape)):
+            a = a.reshape(tuple(shape))  # extra leading dims of size 1, as the kernels allow
         if tuple(a.shape) != tuple(shape):
             raise ValueError(f"{self.name}: input {i} has shape {tuple(a.shape)}, expected "
                              f"{tuple(shape)}")
@@ -101,8 +109,8 @@ class LibraryKernel:
         if torch_like:
             import torch  # the caller already has it loaded
 
-            return torch.from_numpy(a)
-        return a
+            return torch.from_numpy(a).to(getattr(torch, self.dtype))
+        return to_storage(a, self.dtype)
 
 
 def library_kernel(graph: KernelGraph, kind: str = "cpu", name: str = "library"

@@ -3,7 +3,8 @@
 ``worker_main`` serves jobs from the parent (``_isolate.IsolatedWorker``) over a pipe until it
 closes; a job's arrays arrive and leave as .npy files in the job's directory.  Calling
 convention (see docs/devices.md): ``extern "C" void kernel(float** inputs, float** outputs)``,
-every array float32 and C-contiguous, placed where numpy places a user's arrays
+every array C-contiguous, float32 or the storage dtype ``job["storage"]`` names (float16, or
+bfloat16 as uint16 bits: a half program's kernel reads and writes its arrays as they are), placed where numpy places a user's arrays
 (``USER_OFFSET``), outputs pre-filled with NaN so an element the kernel forgets to write shows up
 as a wrong result.  A job may instead name a Python function (``"call": "module:function"``) that
 the worker runs on the job's arrays: the CUDA device uses this, so an illegal address on the GPU
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ._status import OK, RUNTIME_ERROR, WRONG_RESULT
+from ._storage import STORAGE, from_storage, to_storage
 from ._timing import measure
 
 # Where a user's array starts: numpy's data of every array large enough for glibc to mmap sits
@@ -31,14 +33,14 @@ from ._timing import measure
 USER_OFFSET = 16
 
 
-def _aligned_empty(shape: tuple[int, ...], align: int = 64,
-                   offset: int = USER_OFFSET) -> np.ndarray:
-    """float32 array whose data starts ``offset`` bytes past an ``align``-byte boundary: by
-    default where numpy puts a large array's data, so timings are what users get."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * 4
+def _aligned_empty(shape: tuple[int, ...], align: int = 64, offset: int = USER_OFFSET,
+                   dtype: Any = np.float32) -> np.ndarray:
+    """Array (float32 by default) whose data starts ``offset`` bytes past an ``align``-byte
+    boundary: by default where numpy puts a large array's data, so timings are what users get."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     buf = np.empty(nbytes + align + offset, dtype=np.uint8)
     off = (-buf.ctypes.data) % align + offset
-    return buf[off:off + nbytes].view(np.float32).reshape(shape)
+    return buf[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def compare_outputs(outs: list[np.ndarray], expected: list[np.ndarray], rtol: float,
@@ -111,15 +113,18 @@ def _run_job(msg: dict, libs: dict) -> dict:
     fptr = ctypes.POINTER(ctypes.c_float)
     fn.argtypes = [ctypes.POINTER(fptr), ctypes.POINTER(fptr)]
     fn.restype = None
+    n = msg["n_inputs"]
+    storage = msg.get("storage") or ["float32"] * (n + len(msg["output_shapes"]))
     inputs = []
-    for i in range(msg["n_inputs"]):
+    for i in range(n):
         src = np.load(d / f"in{i}.npy", mmap_mode="r")  # one copy: file pages -> placed
-        a = _aligned_empty(src.shape)
-        a[...] = src
+        a = _aligned_empty(src.shape, dtype=STORAGE[storage[i]])
+        a[...] = to_storage(src, storage[i]) if storage[i] != "float32" else src
         inputs.append(a)
-    outputs = [_aligned_empty(tuple(s)) for s in msg["output_shapes"]]
-    for o in outputs:
-        o.fill(msg["output_fill"])
+    outputs = [_aligned_empty(tuple(s), dtype=STORAGE[dt])
+               for s, dt in zip(msg["output_shapes"], storage[n:], strict=True)]
+    for o, dt in zip(outputs, storage[n:], strict=True):
+        o[...] = to_storage(np.full(o.shape, msg["output_fill"], np.float32), dt)
     in_ptrs = (fptr * max(1, len(inputs)))(*[a.ctypes.data_as(fptr) for a in inputs])
     out_ptrs = (fptr * max(1, len(outputs)))(*[a.ctypes.data_as(fptr) for a in outputs])
 
@@ -129,6 +134,8 @@ def _run_job(msg: dict, libs: dict) -> dict:
     t0 = time.perf_counter()
     call()
     first_s = time.perf_counter() - t0
+    stored = outputs  # what the kernel writes (and timing rewrites): kept alive to the end
+    outputs = [from_storage(o, dt) for o, dt in zip(stored, storage[n:], strict=True)]
     for i, o in enumerate(outputs):
         np.save(d / f"out{i}.npy", o)
     expected = [np.load(d / f"exp{i}.npy", mmap_mode="r") for i in range(msg["n_expected"])]
@@ -153,12 +160,19 @@ def _run_batch(msg: dict, libs: dict, conn: Any) -> dict:
     if lib is None:
         lib = libs[msg["library"]] = ctypes.CDLL(msg["library"])
     fptr = ctypes.POINTER(ctypes.c_float)
-    sources = [np.load(d / f"in{i}.npy", mmap_mode="r") for i in range(msg["n_inputs"])]
-    inputs = [_aligned_empty(src.shape) for src in sources]
-    outputs = [_aligned_empty(tuple(s)) for s in msg["output_shapes"]]
+    n = msg["n_inputs"]
+    storage = msg.get("storage") or ["float32"] * (n + len(msg["output_shapes"]))
+    sources = [to_storage(np.load(d / f"in{i}.npy"), dt) if dt != "float32" else
+               np.load(d / f"in{i}.npy", mmap_mode="r") for i, dt in enumerate(storage[:n])]
+    inputs = [_aligned_empty(src.shape, dtype=STORAGE[dt])
+              for src, dt in zip(sources, storage[:n], strict=True)]
+    stored = [_aligned_empty(tuple(s), dtype=STORAGE[dt])
+              for s, dt in zip(msg["output_shapes"], storage[n:], strict=True)]
+    fill = [to_storage(np.full(o.shape, msg["output_fill"], np.float32), dt)
+            for o, dt in zip(stored, storage[n:], strict=True)]
     expected = [np.load(d / f"exp{i}.npy") for i in range(msg["n_expected"])]
     in_ptrs = (fptr * max(1, len(inputs)))(*[a.ctypes.data_as(fptr) for a in inputs])
-    out_ptrs = (fptr * max(1, len(outputs)))(*[a.ctypes.data_as(fptr) for a in outputs])
+    out_ptrs = (fptr * max(1, len(stored)))(*[a.ctypes.data_as(fptr) for a in stored])
     for index, name in enumerate(msg["functions"]):
         if index < msg.get("start", 0):
             continue
@@ -172,8 +186,8 @@ def _run_batch(msg: dict, libs: dict, conn: Any) -> dict:
         fn.restype = None
         for a, src in zip(inputs, sources, strict=True):  # as sent: a kernel before this
             a[...] = src  # one may have written where it should only have read
-        for o in outputs:
-            o.fill(msg["output_fill"])
+        for o, f in zip(stored, fill, strict=True):
+            o[...] = f
 
         def call(fn: Any = fn) -> None:
             fn(in_ptrs, out_ptrs)
@@ -181,6 +195,7 @@ def _run_batch(msg: dict, libs: dict, conn: Any) -> dict:
         t0 = time.perf_counter()
         call()
         first_s = time.perf_counter() - t0
+        outputs = [from_storage(o, dt) for o, dt in zip(stored, storage[n:], strict=True)]
         reply = checked(outputs, expected, msg["rtol"], msg["atol"], {"first_call_s": first_s})
         if reply["status"] == OK and msg["timing"] is not None:
             reply["timing"] = measure(call, **msg["timing"]).as_dict()

@@ -115,7 +115,7 @@ def _program_dtype(graph: KernelGraph) -> str:
 
 def _globals(graph: KernelGraph, plan: KernelPlan, spec: DeviceSpec) -> None:
     """Inputs and outputs in the entry point's order; other kernel tensors go to workspace."""
-    io_dtype = plan.dtype if spec.kind != "cpu" else "float32"
+    io_dtype = plan.dtype  # kernels read and write the program's dtype (computing in float32)
     outs = graph.output_ids
     if len(set(outs)) != len(outs):
         raise ShapeError("lower: a tensor is marked as an output twice; mark it once")

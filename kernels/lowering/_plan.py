@@ -234,7 +234,7 @@ class KernelPlan:
     name: str
     device: str  # spec name
     device_kind: str  # cpu | cuda
-    dtype: str  # program dtype (CUDA stores inputs/outputs in it; C++ always float32)
+    dtype: str  # program dtype: inputs and outputs are stored in it (computed in float32)
     kernels: list[Kernel]
     globals: dict[str, Buffer]  # inputs, outputs, kernel-graph intermediates
     workspace_floats: int = 0

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from kernels.lowering import Kernel, KernelPlan, Let, Loop, Store
 
-from ._cpp_prelude import EXP_F, LANE_SUM, MATMUL_REGISTER_TILES, STREAM_ROW
+from ._cpp_prelude import CPP_TYPES, EXP_F, HALF, LANE_SUM, MATMUL_REGISTER_TILES, STREAM_ROW
 from ._cstyle import CStyle, _indent, _sum_lines
 
 PREFETCH_AHEAD = 2048  # floats: how far ahead a row loop prefetches its inputs' rows
@@ -24,14 +24,25 @@ class CppDialect(CStyle):
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
         stream = [STREAM_ROW] if any(lp.stream for p in plans for k in p.kernels
                                      for ph in k.phases for lp in ph.loops) else []
-        return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F,
+        return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F, HALF,
                 MATMUL_REGISTER_TILES, LANE_SUM, *stream, *super().prelude(plans)]
 
     def threads(self, k: Kernel) -> int:
         return 1
 
+    # program inputs and outputs stay in the program's dtype; values are float32 in registers
+    def ctype(self, dtype: str) -> str:
+        return CPP_TYPES[dtype][0] if dtype in CPP_TYPES else "float"
+
+    def load(self, expr: str, dtype: str) -> str:
+        return f"to_f({expr})" if dtype in CPP_TYPES else expr
+
+    def convert(self, value: str, dtype: str) -> str:
+        return f"{CPP_TYPES[dtype][1]}({value})" if dtype in CPP_TYPES else value
+
     def kernel_open(self, k: Kernel, plan: KernelPlan, params: list[str]) -> list[str]:
-        sig = [f"{'const ' if plan.globals[p].role == 'input' else ''}float* __restrict__ {p}"
+        sig = [f"{'const ' if plan.globals[p].role == 'input' else ''}"
+               f"{self.ctype(plan.globals[p].dtype)}* __restrict__ {p}"
                for p in params] + ["float* __restrict__ ws"]
         fork = "#pragma omp parallel" if k.parallel else \
             "#pragma omp parallel if(0)  // too little work to fork threads for"
@@ -77,9 +88,9 @@ class CppDialect(CStyle):
         """An output row written once, column by column, goes to a row buffer that
         ``col_loop`` then copies out with non-temporal stores (``_streams``)."""
         a = st.access
+        out = self.buffer(self._k, self._plan, self._view_buffer(a.view))
         if not self._stream_width or st.accumulate or st.guard or guards or a.col != 1 or \
-                a.col_index or a.chunked or \
-                self.buffer(self._k, self._plan, self._view_buffer(a.view)).role != "output":
+                a.col_index or a.chunked or out.role != "output" or out.dtype != "float32":
             return super()._store(st, coords, guards)
         start = f"{a.view} + {self._index(replace(a, col=0), coords)}"
         names = [s for s, _ in self._row_streams]
@@ -101,7 +112,7 @@ class CppDialect(CStyle):
             out += [f"// {st.comment} ({rows} row(s) x {width} in registers, k = "
                     f"{st.attrs['k']})",
                     f"alignas(64) float {arr}[{rows * width}];", "{",
-                    f"  const float* a_rows[{rows}];",
+                    f"  const {self._ctype_of(a.view)}* a_rows[{rows}];",
                     f"  for (int r = r0; r < r0 + {count}; ++r) {{",
                     *_indent(self.coord_lines(lp), "    "),
                     f"    a_rows[r - r0] = {a.view} + {self._index(a, coords)};", "  }",
@@ -110,6 +121,9 @@ class CppDialect(CStyle):
                     f"{arr}, {_prefetch(st)});",
                     "}"]
         return out
+
+    def _ctype_of(self, view: str) -> str:
+        return self.ctype(self.buffer(self._k, self._plan, self._view_buffer(view)).dtype)
 
     def matmul_packs(self, lp: Loop, width: int) -> list[str]:
         out = []
@@ -166,10 +180,19 @@ class CppDialect(CStyle):
         else:
             lines.append("  float* const ws = nullptr;")
         for k in plan.kernels:
-            args = [f"{'inputs' if plan.globals[p].role == 'input' else 'outputs'}"
-                    f"[{plan.globals[p].io_index}]" for p in k.params] + ["ws"]
+            args = [self._io_arg(plan, p) for p in k.params] + ["ws"]
             lines.append(f"  {k.name}({', '.join(args)});")
         return lines + ["}"]
+
+    def _io_arg(self, plan: KernelPlan, p: str) -> str:
+        """``inputs[i]`` / ``outputs[i]`` (the entry's float** convention), as the storage
+        type the kernel takes: a half program's arrays are passed as they are."""
+        b = plan.globals[p]
+        ref = f"{'inputs' if b.role == 'input' else 'outputs'}[{b.io_index}]"
+        if b.dtype not in CPP_TYPES:
+            return ref
+        const = "const " if b.role == "input" else ""
+        return f"reinterpret_cast<{const}{self.ctype(b.dtype)}*>({ref})"
 
 
 def _prefetch(st: Let) -> str:

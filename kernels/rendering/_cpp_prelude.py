@@ -65,31 +65,58 @@ MATMUL_REGISTER_TILES = """// TUNER_CB(R): vectors of columns per register tile 
 #define TUNER_CB(R) ((R) <= 6 ? 2 : 1)
 #endif
 typedef float tuner_vf __attribute__((vector_size(TUNER_VL * 4)));
-template <int R, int CB>
-static inline void mm_tile(const float* const* a, const int sa, const float* __restrict__ b,
+typedef uint16_t tuner_vh __attribute__((vector_size(TUNER_VL * 2)));
+typedef uint32_t tuner_vu __attribute__((vector_size(TUNER_VL * 4)));
+static inline tuner_vf load_vf(const float* p) {
+  tuner_vf v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline tuner_vf load_vf(const tuner_f16* p) {
+  // TUNER_VL halves to floats: vcvtph2ps where the ISA has it
+#if TUNER_VL == 16
+  return (tuner_vf)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif TUNER_VL == 8 && defined(__F16C__)
+  return (tuner_vf)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  tuner_vf v;
+  for (int l = 0; l < TUNER_VL; ++l) v[l] = to_f(p[l]);
+  return v;
+#endif
+}
+static inline tuner_vf load_vf(const tuner_bf16* p) {
+  tuner_vh h;
+  memcpy(&h, p, sizeof h);
+  const tuner_vu u = __builtin_convertvector(h, tuner_vu) << 16;
+  tuner_vf v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+template <int R, int CB, typename TA, typename TB>
+static inline void mm_tile(const TA* const* a, const int sa, const TB* __restrict__ b,
                            const int sb, const int kn, float* __restrict__ m, const int ldm,
                            const int c0, const long pf) {
   // R rows x CB vectors of columns kept in registers over the whole k loop: every vector of
   // b loaded feeds R fused multiply-adds (GCC vector extensions: the ISA of -march=native).
   // pf != 0: b + pf is fetched into L2 now (rows further down B, or the same tile of the
   // next for-loop iteration); the hardware prefetchers do not follow a walk down rows
-  // thousands of floats apart
+  // thousands of floats apart. TA, TB: float, or half storage (to_f / load_vf convert)
   tuner_vf acc[R][CB];
 #pragma GCC unroll 8
   for (int q = 0; q < R; ++q)
 #pragma GCC unroll 8
     for (int j = 0; j < CB; ++j) acc[q][j] = tuner_vf{};
   for (int k = 0; k < kn; ++k) {
-    const float* bk = b + k * sb + c0;
+    const TB* bk = b + k * sb + c0;
     if (pf)
 #pragma GCC unroll 8
       for (int j = 0; j < CB; ++j) __builtin_prefetch(bk + pf + j * TUNER_VL, 0, 1);
     tuner_vf bv[CB];
 #pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) memcpy(&bv[j], bk + j * TUNER_VL, sizeof(tuner_vf));
+    for (int j = 0; j < CB; ++j) bv[j] = load_vf(bk + j * TUNER_VL);
 #pragma GCC unroll 8
     for (int q = 0; q < R; ++q) {
-      const float s = a[q][k * sa];
+      const float s = to_f1(a[q][k * sa]);
 #pragma GCC unroll 8
       for (int j = 0; j < CB; ++j) acc[q][j] += s * bv[j];
     }
@@ -99,8 +126,8 @@ static inline void mm_tile(const float* const* a, const int sa, const float* __r
 #pragma GCC unroll 8
     for (int j = 0; j < CB; ++j) memcpy(m + q * ldm + c0 + j * TUNER_VL, &acc[q][j], sizeof(tuner_vf));
 }
-template <int R>
-static inline void mm_rows(const float* const* a, const int sa, const float* __restrict__ b,
+template <int R, typename TA, typename TB>
+static inline void mm_rows(const TA* const* a, const int sa, const TB* __restrict__ b,
                            const int sb, const int kn, const int n, float* __restrict__ m,
                            const long pf) {
   // m[q * n + c] = sum_k a[q][k * sa] * b[k * sb + c] for q < R, c < n
@@ -111,24 +138,25 @@ static inline void mm_rows(const float* const* a, const int sa, const float* __r
   for (; c < n; ++c)
     for (int q = 0; q < R; ++q) {
       float s = 0.0f;
-      for (int k = 0; k < kn; ++k) s += a[q][k * sa] * b[k * sb + c];
+      for (int k = 0; k < kn; ++k) s += to_f(a[q][k * sa]) * to_f(b[k * sb + c]);
       m[q * n + c] = s;
     }
 }
-template <int R>
-static inline void mm_rows_n(const int nr, const float* const* a, const int sa,
-                             const float* __restrict__ b, const int sb, const int kn,
+template <int R, typename TA, typename TB>
+static inline void mm_rows_n(const int nr, const TA* const* a, const int sa,
+                             const TB* __restrict__ b, const int sb, const int kn,
                              const int n, float* __restrict__ m, const long pf) {
   // the first nr <= R rows: the shorter last tile of a loop whose rows R does not divide
   if (nr >= R) mm_rows<R>(a, sa, b, sb, kn, n, m, pf);
   else if constexpr (R > 1) mm_rows_n<R - 1>(nr, a, sa, b, sb, kn, n, m, pf);
 }
-static inline void pack_rows(float* __restrict__ dst, const float* __restrict__ src,
+template <typename TS>
+static inline void pack_rows(float* __restrict__ dst, const TS* __restrict__ src,
                              const int rows, const int n, const long stride) {
   // rows of n floats, stride apart, laid end to end (a B tile made contiguous)
   for (int k = 0; k < rows; ++k) {
 #pragma omp simd
-    for (int c = 0; c < n; ++c) dst[k * n + c] = src[k * stride + c];
+    for (int c = 0; c < n; ++c) dst[k * n + c] = to_f(src[k * stride + c]);
   }
 }"""
 LANE_SUM = """typedef float tuner_v8 __attribute__((vector_size(32)));
@@ -183,3 +211,79 @@ static inline void stream_fence() {
   _mm_sfence();
 #endif
 }"""
+
+# Half-precision storage, read and written by the kernels as it is: every value is converted
+# on load and computed in float32.  Both dtypes are 16-bit integer types holding the bits
+# (float16 uint16_t, bfloat16 char16_t: two distinct types, so to_f / load_vf overload on
+# them).  Not _Float16: GCC 12 vectorises no loop that loads one beside float32 values ("no
+# vectype"; ntrans in float16 ran 8-15x slower than in float32), whereas 16-bit integer loads
+# widen in any vector loop.  So the scalar conversions are integer and float arithmetic that
+# `omp simd` loops vectorise on any ISA (float16: the exponent rebiased by one multiply, which
+# also renormalises subnormals; rounding back to nearest even as in ryg's
+# float_to_half_fast3_rtne; bfloat16 a 16-bit shift, rounding to nearest even on the bits as
+# kernels.devices.to_storage does), and a register-tiled matmul's B vector is converted by
+# the ISA's own instruction (vcvtph2ps: AVX-512F, or F16C with AVX2).
+HALF = """#include <stdint.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+typedef uint16_t tuner_f16;   // float16 storage: its bits
+typedef char16_t tuner_bf16;  // bfloat16 storage: the upper half of a float32's bits
+static inline float to_f(float x) { return x; }
+static inline float to_f(tuner_f16 h) {
+  // sign-extended, shifted and masked: the half's sign, exponent and mantissa where a float
+  // keeps them; one multiply rebiases the exponent (15 -> 127) and normalises subnormals
+  uint32_t u = ((uint32_t)(int32_t)(int16_t)h << 13) & 0x8fffe000u;
+  // inf and NaN; a mask, not a ternary, which GCC made a branch (and no vector loop) on AVX2
+  const uint32_t special = (0u - (uint32_t)((u & 0x0f800000u) == 0x0f800000u)) & 0x7f800000u;
+  float f;
+  memcpy(&f, &u, 4);
+  f *= 0x1p112f;
+  memcpy(&u, &f, 4);
+  u |= special;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline float to_f(tuner_bf16 h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline float to_f1(float x) { return x; }
+static inline float to_f1(tuner_bf16 x) { return to_f(x); }
+static inline float to_f1(tuner_f16 h) {
+  // one value outside a vectorised loop (a matmul's A element): F16C's scalar conversion
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return to_f(h);
+#endif
+}
+static inline tuner_f16 to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  float t;
+  memcpy(&t, &x, 4);
+  t += 0.5f;  // below 2^-14: the float adder rounds the subnormal half's bits into place
+  uint32_t sub;
+  memcpy(&sub, &t, 4);
+  sub -= 0x3f000000u;
+  const uint32_t norm = (x + 0xc8000fffu + ((x >> 13) & 1u)) >> 13;  // rebias, round to even
+  // the cases chosen by masks (ternaries became branches on AVX2: no vector loop)
+  const uint32_t tiny = 0u - (uint32_t)(x < 0x38800000u);
+  const uint32_t big = 0u - (uint32_t)(x >= 0x47800000u);  // overflow: inf; NaN: a quiet NaN
+  const uint32_t special = 0x7c00u | ((0u - (uint32_t)(x > 0x7f800000u)) & 0x0200u);
+  const uint32_t o = (((sub & tiny) | (norm & ~tiny)) & ~big) | (special & big);
+  return (tuner_f16)(o | sign);
+}
+static inline tuner_bf16 to_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return (tuner_bf16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}"""
+
+# the C type of each half storage dtype and its conversion from float32 on store
+CPP_TYPES = {"float16": ("tuner_f16", "to_f16"), "bfloat16": ("tuner_bf16", "to_bf16")}

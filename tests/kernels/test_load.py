@@ -1,13 +1,17 @@
 """A checked cpu kernel called in this process (``Device.load``, what ``tuner.load`` returns):
-numpy arrays, DLPack arrays and torch tensors in place, ``out=``, clear errors."""
+numpy arrays, DLPack arrays and torch tensors in place, ``out=``, clear errors; half-precision
+programs take and give arrays of their dtype as they are."""
 
 from __future__ import annotations
+
+import dataclasses
+import warnings
 
 import numpy as np
 import pytest
 
 from kernels import get_device, random_inputs
-from kernels.devices import reference
+from kernels.devices import from_storage, reference, to_storage, tolerance
 from search import handwritten, load_program
 
 
@@ -50,7 +54,8 @@ def test_numpy_in_and_out(loaded):
 def test_dlpack_and_converted_inputs(loaded):
     kernel, (x,), want = loaded
     np.testing.assert_allclose(kernel(DLPackOnly(x))[0], want, rtol=1e-5)
-    np.testing.assert_allclose(kernel(x.astype(np.float64))[0], want, rtol=1e-5)  # converted
+    with pytest.warns(UserWarning, match="converted to the program's float32 on every call"):
+        np.testing.assert_allclose(kernel(x.astype(np.float64))[0], want, rtol=1e-5)
     np.testing.assert_allclose(kernel(np.asfortranarray(x))[0], want, rtol=1e-5)
 
 
@@ -80,3 +85,83 @@ def test_torch_tensors_in_place_and_resized():
     out.resize_(64, 64)  # same object, new storage: must not be written at the old address
     with pytest.raises(ValueError, match="output 0 must be a contiguous float32 CPU tensor"):
         kernel(x, out=out)
+
+
+@pytest.fixture(scope="module", params=["float16", "bfloat16"])
+def half(request):
+    """softmax_rows and a matmul program built as a half program: (dtype, [(kernel, inputs
+    rounded to the dtype as float32, float64 reference)])."""
+    cpu = get_device("cpu")
+    out = []
+    for name, shapes in (("softmax_rows", {"rows": 32, "cols": 64}),
+                         ("rmsnorm_matmul", {"X": "4x256", "W": "256x128"})):
+        program = dataclasses.replace(load_program(name, shapes), dtype=request.param)
+        plan = cpu.lower(handwritten(program), None, name)
+        assert [b.dtype for b in (*plan.inputs, *plan.outputs)] == \
+            [request.param] * (len(plan.inputs) + len(plan.outputs))
+        res = cpu.check(plan, program.build())
+        assert res.ok, res.message
+        xs = [from_storage(to_storage(x, request.param), request.param)
+              for x in random_inputs(program.build(), seed=5)]
+        out.append((cpu.load(plan, res.source), xs, reference(program.build(), xs)))
+    return request.param, out
+
+
+def test_half_programs_take_numpy_arrays_of_their_dtype_without_a_copy(half):
+    dtype, kernels = half
+    rtol, _ = tolerance(dtype)
+    for kernel, xs, want in kernels:
+        stored = [to_storage(x, dtype) for x in xs]  # float16, or bfloat16 as uint16 bits
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # arrays of the program's dtype: nothing converted
+            (y,) = kernel(*stored)
+            assert y.dtype == stored[0].dtype and y.shape == want[0].shape
+            kernel(*stored, out=[y])
+        scale = float(np.max(np.abs(want[0])))
+        np.testing.assert_allclose(from_storage(y, dtype), want[0], rtol=rtol,
+                                   atol=rtol * scale)
+        # float32 arrays are converted on every call, and the first call says so
+        kernel.warned = False
+        with pytest.warns(UserWarning, match=f"converted to the program's {dtype} on every"):
+            (y32,) = kernel(*xs)
+        np.testing.assert_array_equal(y32, y)
+        # Mirage's scripts pass a (1, 1, n) tensor for a (1, n) input: the same elements
+        lead = [a.reshape(1, *a.shape) for a in stored]
+        np.testing.assert_array_equal(kernel(*lead)[0], y)
+        with pytest.raises(ValueError, match=f"output 0 must be a C-contiguous, writable "
+                                             f".* array of shape .* \\(the program's {dtype}\\)"):
+            kernel(*stored, out=[np.empty(want[0].shape, np.float32)])
+
+
+def test_half_programs_take_torch_tensors_of_their_dtype_in_place(half):
+    torch = pytest.importorskip("torch", reason="torch is the bench extra")
+    dtype, kernels = half
+    for kernel, xs, want in kernels:
+        ts = [torch.from_numpy(x).to(getattr(torch, dtype)) for x in xs]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            (y,) = kernel(*ts)
+        assert y.dtype == getattr(torch, dtype)
+        out = torch.full_like(y, float("nan"))
+        kernel(*ts, out=out)
+        assert torch.equal(out, y)
+        rtol, _ = tolerance(dtype)
+        np.testing.assert_allclose(y.float().numpy(), want[0], rtol=rtol,
+                                   atol=rtol * float(np.max(np.abs(want[0]))))
+
+
+def test_the_library_path_of_a_half_program_speaks_its_dtype(half):
+    """Where the library path (numpy op by op) won, ``tuner.load`` returns it: the same
+    arrays in and out as the C++ kernel's."""
+    from kernels import library_kernel
+
+    dtype, _ = half
+    program = dataclasses.replace(load_program("softmax_rows", {"rows": 8, "cols": 16}),
+                                  dtype=dtype)
+    lib = library_kernel(program.build(), "cpu")
+    x = random_inputs(program.build(), seed=1)[0]
+    (y,) = lib(to_storage(x, dtype))
+    assert y.dtype == to_storage(x, dtype).dtype
+    want = reference(program.build(), [from_storage(to_storage(x, dtype), dtype)])[0]
+    rtol, _ = tolerance(dtype)
+    np.testing.assert_allclose(from_storage(y, dtype), want, rtol=rtol, atol=rtol)

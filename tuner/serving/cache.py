@@ -65,10 +65,11 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
          database: db.Database | None = None) -> Callable[..., list]:
     """The best stored kernel of ``program`` as a function ``f(*arrays) -> [outputs]``.
 
-    cpu kernels take and return numpy float32 arrays; cuda kernels CuPy arrays.  An input the
-    program declares ``layout: transposed`` is passed as stored: the contiguous transpose of
-    its last two dims (``W.t()``'s memory, e.g. a Linear weight as PyTorch keeps it).  Raises
-    ``InputError`` (with the launch command to run) when nothing was tuned.
+    cpu kernels take and return numpy arrays (or torch CPU tensors) of the program's dtype;
+    cuda kernels CuPy arrays.  An input the program declares ``layout: transposed`` is passed
+    as stored: the contiguous transpose of its last two dims (``W.t()``'s memory, e.g. a
+    Linear weight as PyTorch keeps it).  Raises ``InputError`` (with the launch command to
+    run) when nothing was tuned.
     """
     prog = program if isinstance(program, Program) else load_program(program, overrides)
     record = best(prog, device=device, url=url, database=database)
