@@ -179,10 +179,12 @@ def _piece_program(program: Program, ref: KernelGraph, ops: list, reads: list[in
         args += [f"{k}={v!r}" for k, v in op.attrs.items()]
         lines.append(f"{names[op.outputs[0]]} = {op.kind}({', '.join(args)})")
     inputs = {names[t]: _concrete(ref.tensors[t].shape) for t in reads}
+    layouts = {names[t]: ref.input_layout(t) for t in reads  # a transposed program input
+               if t in ref.input_ids and ref.input_layout(t) != "row"}  # stays transposed
     return Program(f"{program.name}.p{index}", program.dtype, inputs, "\n".join(lines) + "\n",
                    [names[t] for t in results],
                    description=f"piece {index} of {program.name}",
-                   source=f"{program.source} (piece {index})")
+                   source=f"{program.source} (piece {index})", layouts=layouts)
 
 
 def join_pieces(program: Program, pieces: list[Piece],
@@ -195,7 +197,8 @@ def join_pieces(program: Program, pieces: list[Piece],
     where: dict[int, int] = {}
     for t in ref.input_ids:
         info = ref.tensors[t]
-        where[t] = g.new_input(_concrete(info.shape), info.dtype, info.name).id
+        where[t] = g.new_input(_concrete(info.shape), info.dtype, info.name,
+                               layout=ref.input_layout(t)).id
     for piece, structure in zip(pieces, structures, strict=True):
         local = {t: where[r] for t, r in zip(structure.input_ids, piece.inputs, strict=True)}
         for op in structure.ops:

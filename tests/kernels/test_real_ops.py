@@ -93,7 +93,8 @@ def test_searched_block_runs_on_the_cpu_like_numpy(name, searched, worker):
     xs = as_stored(random_inputs(reference, seed=1), input_layouts(reference))
     res = cpu.build(structure, reference=reference, inputs=xs, worker=worker)
     assert res.ok, res.message
-    np.testing.assert_allclose(res.outputs[0], _numpy(name, xs), rtol=1e-4, atol=1e-4)
+    # the programs are float16: the kernel computes in float32 and stores float16 outputs
+    np.testing.assert_allclose(res.outputs[0], _numpy(name, xs), rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -150,7 +151,7 @@ outputs: [O]
         res = dev.build(reference, reference=reference, inputs=xs, worker=worker)
         assert res.ok, (dev.kind, res.message)
         assert np.isfinite(res.outputs[0]).all()
-        tol = 1e-4 if dev.kind == "cpu" else 3e-2
+        tol = 2e-3 if dev.kind == "cpu" else 3e-2  # float16 outputs (computed in float32)
         np.testing.assert_allclose(res.outputs[0], want, rtol=tol, atol=tol)
 
 
