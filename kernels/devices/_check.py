@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from search.ir import KernelGraph
-from verifier import FloatArith, run
+from verifier import FloatArith, real_scale_inputs, run
+from verifier import input_roles as input_roles  # re-exported: the roles the inputs are drawn by
 
 # (rtol, atol) by the dtype a kernel's outputs are stored in: every device computes in float32
 # and stores a program's inputs and outputs in its dtype (float16/bfloat16 on the CPU too).
@@ -37,52 +38,13 @@ def tolerance(dtype: str) -> tuple[float, float]:
             from None
 
 
-def input_roles(graph: KernelGraph) -> list[str]:
-    """How each program input is used, which sets the scale of its check values: "weight"
-    (the right operand of a matmul), "divisor" (a divisor, or under sqrt / rsqrt) or
-    "activation".  Block graphs of a structure are looked into (a tile read straight from a
-    kernel input counts for that input)."""
-    roles = {t: "activation" for t in graph.input_ids}
-
-    def mark(tid: int | None, role: str) -> None:
-        if tid in roles and roles[tid] == "activation":
-            roles[tid] = role
-
-    def walk(g, source) -> None:
-        for op in g.ops:
-            if op.kind == "graph_kernel":
-                bg = op.attrs["block_graph"]
-                tiles = {o.outputs[0]: source(op.inputs[o.attrs["index"]])
-                         for o in bg.ops_of("input")}
-                walk(bg, tiles.get)
-            elif op.kind == "matmul":
-                mark(source(op.inputs[1]), "weight")
-            elif op.kind == "div":
-                mark(source(op.inputs[1]), "divisor")
-            elif op.kind in ("sqrt", "rsqrt"):
-                mark(source(op.inputs[0]), "divisor")
-
-    walk(graph, lambda t: t)
-    return [roles[t] for t in graph.input_ids]
-
-
 def random_inputs(graph: KernelGraph, seed: int = 0) -> list[np.ndarray]:
-    """float32 check inputs at the scale of real data, at logical shapes: activations
-    N(0, 1); weights (right operands of a matmul) N(0, 1/K) with K their fan-in (the dim the
-    matmul contracts), so a product has unit scale as in a trained layer; divisors (and what
-    a sqrt reads) 0.5 + |N(0, 1)|, as a variance is, so the reference never divides by ~0.
-    A transposed input is drawn at its logical shape too (``as_stored`` gives its memory)."""
+    """float32 check inputs at the scale of real data, at logical shapes
+    (``verifier.real_scale_inputs``: activations N(0, 1), weights N(0, 1/fan_in), divisors
+    0.5 + |N(0, 1)|).  A transposed input is drawn at its logical shape too (``as_stored``
+    gives its memory)."""
     rng = np.random.default_rng(seed)
-    out = []
-    for t, role in zip(graph.input_ids, input_roles(graph), strict=True):
-        shape = tuple(int(d) for d in graph.tensors[t].shape)
-        x = rng.standard_normal(shape)
-        if role == "weight":
-            x /= np.sqrt(shape[-2])
-        elif role == "divisor":
-            x = 0.5 + np.abs(x)
-        out.append(x.astype(np.float32))
-    return out
+    return [x[0].astype(np.float32) for x in real_scale_inputs(graph, 1, rng)]
 
 
 def input_layouts(graph: KernelGraph) -> list[str]:

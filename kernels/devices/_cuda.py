@@ -188,7 +188,7 @@ def build_kernel(cp: Any, plan: KernelPlan, source: str) -> Any:
         from ._triton import TritonKernel
 
         kernel = TritonKernel(plan, source, cupy=cp)
-        io = [cp.zeros(b.shape, STORAGE.get(b.dtype, np.float32)) for b in plan.inputs]
+        io = [cp.zeros(b.stored_shape, STORAGE.get(b.dtype, np.float32)) for b in plan.inputs]
         outs = [cp.zeros(b.shape, STORAGE.get(b.dtype, np.float32)) for b in plan.outputs]
         kernel(io, outs)  # Triton compiles at the first launch: a compile error shows here
         cp.cuda.Device().synchronize()

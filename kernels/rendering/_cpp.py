@@ -171,6 +171,9 @@ class CppDialect(CStyle):
     def col_pragma(self, lp: Loop | None, accs: list[str]) -> list[str]:
         return ["#pragma omp simd" + (f" reduction(+:{', '.join(accs)})" if accs else "")]
 
+    def max_pragma(self, var: str) -> list[str]:
+        return [f"#pragma omp simd reduction(max:{var})"]
+
     def entry(self, plan: KernelPlan) -> list[str]:
         lines = ['extern "C" void kernel(float** inputs, float** outputs) {']
         if plan.workspace_floats:

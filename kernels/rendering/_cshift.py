@@ -61,8 +61,9 @@ def argument_chain(lp: Loop, exp: Let) -> list[Let]:
     return chain[::-1]
 
 
-def max_pass(lets: list[str], exp: Let, cols: tuple[str, str, str], group_max: list[str],
-             guards: list[str], buffers: tuple[str, str] | None) -> list[str]:
+def max_pass(lets: list[str], exp: Let, cols: tuple[str, str, str], pragma: list[str],
+             group_max: list[str], guards: list[str],
+             buffers: tuple[str, str] | None) -> list[str]:
     """Row lines before the column loop: the row max of the exp's argument (``lets``: the
     printed chain computing it at column c), then the shift m (and, for a running max, α and
     the row buffers' update)."""
@@ -71,10 +72,10 @@ def max_pass(lets: list[str], exp: Let, cols: tuple[str, str, str], group_max: l
     out = [f"// row max of {s}: {exp.var} = exp({s} - {m}) (softmax's max subtraction)"]
     if buffers is not None:  # read before the lanes combine (which orders it before the write)
         out.append(f"const float {m}_old = it == 0 ? -INFINITY : {buffers[0]}[r];")
-    out += [f"float mx_{m} = -INFINITY;",
-           f"for (int c = {start}; c < {end}; {step}) {{",
-           *("  " + ln for ln in lets), f"  mx_{m} = fmaxf(mx_{m}, {s});", "}",
-           *group_max]
+    out += [f"float mx_{m} = -INFINITY;", *pragma,
+            f"for (int c = {start}; c < {end}; {step}) {{",  # (a select vectorises)
+            *("  " + ln for ln in lets), f"  mx_{m} = {s} > mx_{m} ? {s} : mx_{m};", "}",
+            *group_max]
     if buffers is None:  # a whole row in this pass; an all -inf row keeps 0 (no inf - inf)
         return out + [f"const float {m} = mx_{m} == -INFINITY ? 0.0f : mx_{m};"]
     mbuf, abuf = buffers

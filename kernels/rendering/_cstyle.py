@@ -94,6 +94,10 @@ class CStyle:
             raise NotImplementedError(f"{self.name}: cannot combine {lanes} lanes")
         return []
 
+    def max_pragma(self, var: str) -> list[str]:
+        """Lines before a loop taking the maximum ``var`` of a row (C++: vectorise it)."""
+        return []
+
     def col_pragma(self, lp: Loop | None, accs: list[str]) -> list[str]:
         return []
 
@@ -353,7 +357,8 @@ class CStyle:
             if isinstance(st, Let) and st.op == "exp" and st.attrs.get("shift") in self._shifts:
                 m = st.attrs["shift"]
                 lets = self._stmts(argument_chain(lp, st), coords, guards)
-                row += max_pass(lets, st, (start, end, step), self.group_max(f"mx_{m}", lanes),
+                row += max_pass(lets, st, (start, end, step), self.max_pragma(f"mx_{m}"),
+                                self.group_max(f"mx_{m}", lanes),
                                 guards + (["lane == 0"] if lanes > 1 else []),
                                 self._shifts[m])
                 self._alpha_here.add(m)
