@@ -149,15 +149,12 @@ def to_program(graph: KernelGraph, name: str | None = None) -> Program:
         raise ShapeError(f"superoptimize: every input needs the same dtype, got {sorted(dtypes)}")
     names: dict[int, str] = {}
     inputs: dict[str, list[int]] = {}
-    layouts: dict[str, str] = {}
     lines: list[str] = []
     for op in graph.ops:
         if op.kind == "input":
             n = graph.tensors[op.outputs[0]].name or f"I{len(inputs)}"
             names[op.outputs[0]] = n
             inputs[n] = [int(d) for d in graph.tensors[op.outputs[0]].shape]
-            if op.attrs.get("layout", "row") != "row":  # memory other than row-major
-                layouts[n] = op.attrs["layout"]
         elif op.kind == "output":
             continue
         elif op.kind == "graph_kernel":
@@ -176,7 +173,7 @@ def to_program(graph: KernelGraph, name: str | None = None) -> Program:
             raise ShapeError("superoptimize: an input marked as an output computes nothing")
         outputs.append(names[t])
     name = name or f"mirage_{structural_hash(graph)[:12]}"
-    shapes = "\n".join(f"  {n}: {input_entry(s, layouts.get(n))}" for n, s in inputs.items())
+    shapes = "\n".join(f"  {n}: [{', '.join(map(str, s))}]" for n, s in inputs.items())
     text = (f"name: {name}\ndtype: {dtypes.pop()}\ninputs:\n{shapes}\nbody: |\n"
             + "".join(f"  {line}\n" for line in lines)
             + f"outputs: [{', '.join(outputs)}]\n")
@@ -248,13 +245,6 @@ def _check_strides(dims: tuple[int, ...], strides: Sequence[int] | None) -> None
     if tuple(int(s) for s in strides) != tuple(reversed(want)):
         raise ShapeError(f"strides {tuple(strides)}: only row-major tensors are supported "
                          f"here (strides {tuple(reversed(want))} for dims {dims})")
-
-
-def input_entry(shape: Sequence[int], layout: str | None) -> str:
-    """An input's entry in the program language: ``[dims]``, or ``{shape: [dims], layout: L}``
-    for memory other than row-major."""
-    dims = f"[{', '.join(map(str, shape))}]"
-    return f"{{shape: {dims}, layout: {layout}}}" if layout else dims
 
 
 def _attr_names(kind: str) -> tuple[str, ...]:

@@ -12,8 +12,6 @@ import yaml
 
 from search import Program
 
-from ..mirage_compat import input_entry
-
 if TYPE_CHECKING:
     from .options import Options
 
@@ -76,11 +74,16 @@ def tune_now(programs: list[Program], opts: Options) -> str:
 
 def program_text(p: Program) -> str:
     """``p`` in the program language (docs/ir.md), for a program file."""
-    layouts = getattr(p, "layouts", {})  # inputs not stored row-major (the ops branch)
-    shapes = "".join(f"  {n}: {input_entry(s, layouts.get(n))}\n" for n, s in p.inputs.items())
+    layouts = getattr(p, "layouts", {})  # inputs not stored row-major (the op table's layouts)
+    shapes = "".join(f"  {n}: {_entry(s, layouts.get(n))}\n" for n, s in p.inputs.items())
     body = "".join(f"  {line}\n" for line in p.body.strip("\n").splitlines())
     return (f"name: {p.name}\ndtype: {p.dtype}\ninputs:\n{shapes}body: |\n{body}"
             f"outputs: [{', '.join(p.outputs)}]\n")
+
+
+def _entry(shape: tuple[int, ...], layout: str | None) -> str:
+    dims = f"[{', '.join(map(str, shape))}]"
+    return f"{{shape: {dims}, layout: {layout}}}" if layout and layout != "row" else dims
 
 
 def write_job(programs: list[Program], opts: Options) -> Path:
