@@ -34,13 +34,13 @@ def register_kernel(key: str, kernel: Callable[..., list], out_shapes: list[tupl
 
 def _contiguous(x: torch.Tensor) -> torch.Tensor:
     if x.is_contiguous() and x.dtype == torch.float32:
-        return x
+        return x.detach()  # a weight requires grad even under no_grad; kernels never do
     base = x._base if x._base is not None else x
     sig = (tuple(x.shape), tuple(x.stride()), x.storage_offset(), x.dtype)
     hit = _COPIES.get(id(base))
     if hit is not None and hit[0]() is base and hit[1] == base._version and hit[2] == sig:
         return hit[3]
-    copy = x.to(torch.float32).contiguous()
+    copy = x.detach().to(torch.float32).contiguous()
     if base.requires_grad or isinstance(base, torch.nn.Parameter):  # weights: keep the copy
         key = id(base)
 

@@ -12,8 +12,6 @@ import yaml
 
 from search import Program
 
-from ..mirage_compat import input_entry
-
 if TYPE_CHECKING:
     from .options import Options
 
@@ -42,6 +40,10 @@ def lookup(programs: list[Program], opts: Options) -> dict[str, tuple[Any, str]]
             out[p.name] = (None, f"no tuned kernel in {url} for {opts.device} "
                                  f"(tune={opts.tune!r})")
             continue
+        if record.library:  # numpy op by op won the launch: PyTorch runs the ops better
+            out[p.name] = (None, "the library path beat every tuned kernel here; PyTorch runs "
+                                 "the ops")
+            continue
         try:
             out[p.name] = (kernel_from_record(record, p.name), "")
         except Exception as err:
@@ -51,7 +53,7 @@ def lookup(programs: list[Program], opts: Options) -> dict[str, tuple[Any, str]]
 
 def tune_now(programs: list[Program], opts: Options) -> str:
     """Search and tune ``programs`` on this machine (one launch, within ``budget_s``) and
-    store them; '' or why it failed."""
+    store them; '' or why the launch failed."""
     import db
 
     from ..jobfile import ClusterSpec, DatabaseSpec, JobSpec, ProgramEntry, SearchSpec, TuningSpec
@@ -71,16 +73,21 @@ def tune_now(programs: list[Program], opts: Options) -> str:
         JobRun(job, url, log=log).run()
     except Exception as err:
         return f"tuning failed: {' '.join(str(err).split())[:200]}"
-    return f"the search and tuning within {opts.budget_s:g} s found no kernel"
+    return ""
 
 
 def program_text(p: Program) -> str:
     """``p`` in the program language (docs/ir.md), for a program file."""
-    layouts = getattr(p, "layouts", {})  # inputs not stored row-major (the ops branch)
-    shapes = "".join(f"  {n}: {input_entry(s, layouts.get(n))}\n" for n, s in p.inputs.items())
+    layouts = getattr(p, "layouts", {})  # inputs not stored row-major (the op table's layouts)
+    shapes = "".join(f"  {n}: {_entry(s, layouts.get(n))}\n" for n, s in p.inputs.items())
     body = "".join(f"  {line}\n" for line in p.body.strip("\n").splitlines())
     return (f"name: {p.name}\ndtype: {p.dtype}\ninputs:\n{shapes}body: |\n{body}"
             f"outputs: [{', '.join(p.outputs)}]\n")
+
+
+def _entry(shape: tuple[int, ...], layout: str | None) -> str:
+    dims = f"[{', '.join(map(str, shape))}]"
+    return f"{{shape: {dims}, layout: {layout}}}" if layout and layout != "row" else dims
 
 
 def write_job(programs: list[Program], opts: Options) -> Path:
