@@ -99,7 +99,8 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
                 key = program.name
                 shapes = [tuple(region.emitted.graph.tensors[t].shape)
                           for t in dict.fromkeys(t for _n, t in region.emitted.outputs)]
-                register_kernel(key, kernel, shapes)  # type: ignore[arg-type]
+                register_kernel(key, kernel, shapes,  # type: ignore[arg-type]
+                                program.dtype)
                 replace(gm, region.nodes, region.emitted, key, replaced)
                 entry.status, why = "kernel", ""
             entry.reason = why
@@ -139,6 +140,11 @@ def _kernels(programs: list[Program], opts: Options) -> dict[str, tuple[Any, str
     return found
 
 
+# the check's tolerance, relative to the output's largest magnitude: float32 arithmetic, or
+# outputs rounded to the program's half dtype (2**-11 and 2**-8 relative, with headroom)
+_CHECK_TOL = {"float32": 2e-3, "float16": 4e-3, "bfloat16": 1.6e-2}
+
+
 def check_kernel(kernel: Any, emitted: Emitted) -> str:
     """Run ``kernel`` once on real-scale random inputs against the float64 reference of
     the region's graph: '' when it agrees, else why it is not used."""
@@ -153,18 +159,26 @@ def check_kernel(kernel: Any, emitted: Emitted) -> str:
         else:
             a = rng.standard_normal(spec.shape, dtype=np.float32)
         arrays.append(a)
-    try:
-        logical = [np.swapaxes(a, -1, -2) if s.kind == "transposed" else a
-                   for a, s in zip(arrays, emitted.inputs, strict=True)]
-        want = run(emitted.graph, [a.astype(np.float64) for a in logical], FloatArith())
-        got = kernel(*arrays)
-    except Exception as err:  # a kernel that cannot run is not used, whatever the reason
-        return f"the kernel failed its check: {_one_line(err)}"
+    dtype = getattr(torch, emitted.graph.tensors[emitted.graph.input_ids[0]].dtype)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # real torch tensors of the program's dtype, as the graph will hand them over (the
+    # compile runs under Dynamo's fake mode, which would make them fake)
+    with unset_fake_temporarily():
+        try:
+            tensors = [torch.from_numpy(a).to(dtype) for a in arrays]
+            logical = [np.swapaxes(t.double().numpy(), -1, -2) if s.kind == "transposed"
+                       else t.double().numpy()
+                       for t, s in zip(tensors, emitted.inputs, strict=True)]
+            want = run(emitted.graph, logical, FloatArith())
+            got = [torch.as_tensor(g).double().numpy() for g in kernel(*tensors)]
+        except Exception as err:  # a kernel that cannot run is not used, whatever the reason
+            return f"the kernel failed its check: {_one_line(err)}"
+    tol = _CHECK_TOL.get(str(dtype).removeprefix("torch."), 2e-3)
     for g, w in zip(got, want, strict=True):
-        g = np.asarray(g, np.float64)
         scale = max(1.0, float(np.max(np.abs(w))))
         if g.shape != w.shape or not np.all(np.isfinite(g)) or \
-                float(np.max(np.abs(g - w))) > 2e-3 * scale:
+                float(np.max(np.abs(g - w))) > tol * scale:
             return "the kernel failed its check against the float64 reference"
     return ""
 

@@ -5,8 +5,10 @@ views and dtype conversions around it, as ATen ops), so the graph stays traceabl
 compiles the rest around it (the op's fake implementation gives its outputs' shapes), and the
 eager fallback just runs it.  Kernels are registered here under their key at compile time.
 
-The cpu kernels compute in float32 on float32 arrays: half inputs are converted on the way in
-and the outputs converted back to the region's dtypes (native half inputs are separate work).
+The cpu kernels take and give arrays of their program's dtype (float16 / bfloat16 read and
+written as they are, computed in float32), so a region's tensors go in without a copy; an
+input of another dtype (a 0/1 mask) is converted, and outputs converted to the dtype the
+graph expects where it differs.
 A transposed weight the builder cannot read through yet is copied once and kept while the
 weight is alive and unchanged (its version counter), never once per call.
 """
@@ -22,25 +24,32 @@ import torch
 
 from .aten import Emitted, meta
 
-_KERNELS: dict[str, tuple[Callable[..., list], list[tuple[int, ...]]]] = {}
+_KERNELS: dict[str, tuple[Callable[..., list], list[tuple[int, ...]], torch.dtype]] = {}
 _COPIES: dict[int, tuple[Any, int, tuple, torch.Tensor]] = {}
 
 
-def register_kernel(key: str, kernel: Callable[..., list], out_shapes: list[tuple[int, ...]]
-                    ) -> None:
-    """Make ``key`` callable through ``tuner::kernel`` (outputs float32 of ``out_shapes``)."""
-    _KERNELS[key] = (kernel, [tuple(int(d) for d in s) for s in out_shapes])
+def register_kernel(key: str, kernel: Callable[..., list], out_shapes: list[tuple[int, ...]],
+                    dtype: str = "float32") -> None:
+    """Make ``key`` callable through ``tuner::kernel``: inputs and outputs (of
+    ``out_shapes``) in the program's ``dtype``."""
+    _KERNELS[key] = (kernel, [tuple(int(d) for d in s) for s in out_shapes],
+                     getattr(torch, dtype))
 
 
-def _contiguous(x: torch.Tensor) -> torch.Tensor:
-    if x.is_contiguous() and x.dtype == torch.float32:
+def kernel_dtype(key: str) -> torch.dtype:
+    """The dtype the kernel under ``key`` takes and gives."""
+    return _KERNELS[key][2]
+
+
+def _contiguous(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if x.is_contiguous() and x.dtype == dtype:
         return x.detach()  # a weight requires grad even under no_grad; kernels never do
     base = x._base if x._base is not None else x
     sig = (tuple(x.shape), tuple(x.stride()), x.storage_offset(), x.dtype)
     hit = _COPIES.get(id(base))
     if hit is not None and hit[0]() is base and hit[1] == base._version and hit[2] == sig:
         return hit[3]
-    copy = x.detach().to(torch.float32).contiguous()
+    copy = x.detach().to(dtype).contiguous()
     if base.requires_grad or isinstance(base, torch.nn.Parameter):  # weights: keep the copy
         key = id(base)
 
@@ -58,10 +67,10 @@ _LIB.define("kernel(str key, Tensor[] xs) -> Tensor[]")
 
 
 def kernel_op(key: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Run the tuned kernel registered under ``key`` on ``xs`` (float32 outputs)."""
-    kernel, shapes = _KERNELS[key]
-    ins = [_contiguous(x) for x in xs]
-    outs = [torch.empty(s, dtype=torch.float32) for s in shapes]
+    """Run the tuned kernel registered under ``key`` on ``xs`` (outputs of its dtype)."""
+    kernel, shapes, dtype = _KERNELS[key]
+    ins = [_contiguous(x, dtype) for x in xs]
+    outs = [torch.empty(s, dtype=dtype) for s in shapes]
     kernel(*ins, out=outs)
     return outs
 
@@ -69,7 +78,8 @@ def kernel_op(key: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
 def _fake(key: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     if key not in _KERNELS:
         raise RuntimeError(f"tuner::kernel: no kernel registered under {key!r}")
-    return [xs[0].new_empty(s, dtype=torch.float32) for s in _KERNELS[key][1]]
+    _kernel, shapes, dtype = _KERNELS[key]
+    return [xs[0].new_empty(s, dtype=dtype) for s in shapes]
 
 
 _LIB.impl("kernel", kernel_op, "CPU")
@@ -83,13 +93,14 @@ def replace(gm: torch.fx.GraphModule, nodes: list, emitted: Emitted, key: str,
     this region's); ``finish`` cleans the graph up after the last one."""
     graph = gm.graph
     aten = torch.ops.aten
+    dtype = kernel_dtype(key)
     with graph.inserting_after(nodes[-1]):
         args = []
         for spec in emitted.inputs:
             x = replaced.get(spec.node, spec.node)
             if spec.kind == "mask":
                 x = graph.call_function(aten.logical_not.default, (x,))
-                x = graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.float32})
+                x = graph.call_function(aten._to_copy.default, (x,), {"dtype": dtype})
             if tuple(meta(spec.node).shape) != tuple(spec.shape):
                 x = graph.call_function(aten.reshape.default, (x, list(spec.shape)))
             args.append(x)
@@ -98,7 +109,7 @@ def replace(gm: torch.fx.GraphModule, nodes: list, emitted: Emitted, key: str,
         for node, tid in emitted.outputs:
             y = graph.call_function(operator.getitem, (call, ids.index(tid)))
             v = meta(node)
-            if v.dtype != torch.float32:
+            if v.dtype != dtype:
                 y = graph.call_function(aten._to_copy.default, (y,), {"dtype": v.dtype})
             if tuple(v.shape) != tuple(emitted.graph.tensors[tid].shape):
                 y = graph.call_function(aten.reshape.default, (y, list(v.shape)))
