@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import db
-from kernels import MEASUREMENT_STATUSES, OK, RUNTIME_ERROR, machine_load, verdict
+from kernels import MEASUREMENT_STATUSES, OK, RUNTIME_ERROR, device_kind, machine_load, verdict
 
 if TYPE_CHECKING:
     from cluster import SlotPool
@@ -99,7 +99,7 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
                 rerun(first, attempt)
         attempt += 1
         if rounds < MAX_TIMINGS and attempt == rounds and noise["timed"]:
-            load = machine_load() if pool.key.startswith("cpu") else None
+            load = machine_load() if device_kind(pool.key) == "cpu" else None
             noise["load"] = noise["load"] or load
             if load or noise["noisy"]:  # more rounds: medians of more timings
                 rounds = MAX_TIMINGS
