@@ -38,6 +38,7 @@ class ProgramReport:
     best_first_s: float | None = None  # the fastest single first timing, for comparison
     library: bool = False  # the library path (numpy / CuPy op by op) beat every tuned kernel
     tuned_s: float | None = None  # the fastest tuned kernel's confirmed time, for comparison
+    sampler: str = ""  # what tuned it and why (``tuner.samplers.factory``: auto's choice)
 
     @property
     def speedup(self) -> float | None:
@@ -65,7 +66,7 @@ class ProgramReport:
                 "search_s": round(self.search_s, 3), "tune_s": round(self.tune_s, 3),
                 "shards_reused": self.shards_reused, "confirmed": self.confirmed,
                 "confirm_new": self.confirm_new, "best_first_s": self.best_first_s,
-                "library": self.library, "tuned_s": self.tuned_s}
+                "library": self.library, "tuned_s": self.tuned_s, "sampler": self.sampler}
 
 
 @dataclass
@@ -78,8 +79,9 @@ class LaunchResult:
     url: str
     reports: list[ProgramReport]
     elapsed_s: float
+    trained: list[dict] = field(default_factory=list)  # the retrain at the end, per device
 
     def as_dict(self) -> dict:
         return {"job_id": self.job_id, "job_key": self.job_key, "resumed": self.resumed,
                 "database": self.url, "elapsed_s": round(self.elapsed_s, 3),
-                "programs": [r.as_dict() for r in self.reports]}
+                "programs": [r.as_dict() for r in self.reports], "trained": self.trained}
