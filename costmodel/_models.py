@@ -217,7 +217,7 @@ class GbdtModel(LearnedModel):
 
     # 1200 trees of 255 leaves: convolution random split tau 0.87 -> 0.92 over 400 of 63
     # (Intel Xeon, 2 cores, under load; benchmarks/costmodel.py)
-    def __init__(self, trees: int = 1200, leaves: int = 255, threads: int = 2,
+    def __init__(self, trees: int = 1200, leaves: int = 255, threads: int | None = None,
                  time_budget_s: float | None = None) -> None:
         super().__init__()
         self.trees, self.leaves, self.threads = trees, leaves, threads
@@ -228,9 +228,12 @@ class GbdtModel(LearnedModel):
 
         x = np.stack([s.flat() for s in samples])
         logt = np.log([s.seconds for s in samples])
+        # one thread below 20k rows: a tree there takes less time than OpenMP's barriers cost
+        # on a loaded 2-core machine (a 545-row fit went from minutes to seconds)
+        threads = self.threads or (1 if len(samples) < 20000 else 2)
         params = {"objective": "regression", "num_leaves": self.leaves, "learning_rate": 0.05,
                   "min_data_in_leaf": 5, "bagging_fraction": 0.9, "bagging_freq": 1,
-                  "feature_fraction": 0.9, "num_threads": self.threads, "seed": seed,
+                  "feature_fraction": 0.9, "num_threads": threads, "seed": seed,
                   "verbose": -1}
 
         def boost(y: np.ndarray):

@@ -49,14 +49,14 @@ def test_auto_picks_tpe_without_a_model_and_the_model_once_it_is_good(tmp_path):
         none = sampler_factory("auto", 0, database, KEY, said.append)
         assert none.chosen.startswith("tpe") and not isinstance(none(), ModelSampler)
         assert "TPE" in said[-1] and KEY in said[-1]
-        out = costmodel.train(database, kind="gbdt", device_key=KEY, options={"trees": 300})
+        out = costmodel.train(database, kind="gbdt", options={"trees": 300})
         tau = out["held_out"][KEY]["kendall_tau"]
         assert tau >= AUTO_MIN_TAU  # a real GPU's space, 20% of it held out
         good = sampler_factory("auto", 0, database, KEY, said.append)
         assert good.chosen.startswith(f"model {out['model_id']}")
         assert isinstance(good(), ModelSampler)
         assert f"held-out tau {tau:.2f}" in said[-1]
-        # another device: the model has no held-out figure there, so TPE
+        # another device: the model (of every device) has no held-out figure there: TPE
         other = sampler_factory("auto", 0, database, "replay:NVIDIA A100-PCIE-40GB",
                                 said.append)
         assert other.chosen.startswith("tpe") and "no held-out figure" in said[-1]
@@ -64,10 +64,10 @@ def test_auto_picks_tpe_without_a_model_and_the_model_once_it_is_good(tmp_path):
 
 @needs_cache
 def test_a_launch_retrains_at_its_end_and_no_train_skips_it(tmp_path):
-    cache = small_cache(tmp_path)
+    cache = small_cache(tmp_path, every=1)
     job = tmp_path / "job.yaml"
     job.write_text(f"programs:\n  - kernel_tuner: {cache}\ndevices: [replay]\n"
-                   "tuning: {trials_per_structure: 14, seed: 1}\n")
+                   "tuning: {trials_per_structure: 30, seed: 1}\n")
     url = f"sqlite:///{tmp_path / 'skip.db'}"
     run = run_cli("launch", str(job), "--db", url, "--no-train", timeout=600)
     assert run.returncode == 0, run.stderr
@@ -80,7 +80,8 @@ def test_a_launch_retrains_at_its_end_and_no_train_skips_it(tmp_path):
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     (trained,) = result["trained"]
-    assert trained["trained"] and trained["device_key"] == KEY and trained["rows"] >= 10
+    assert trained["trained"], trained.get("reason")
+    assert trained["device_key"] == KEY and trained["rows"] >= 5
     with db.connect(url) as database:
         (model,) = db.models(database)
     assert model.kind == "gbdt" and model.device_key == KEY and "held_out" in model.metrics

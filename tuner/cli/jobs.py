@@ -85,6 +85,9 @@ def format_summary(result: LaunchResult) -> str:
     for sampler in sorted({(r.device_key, r.sampler) for r in result.reports if r.sampler}):
         lines.append(f"sampler on {sampler[0]}: {sampler[1]}")
     for t in result.trained:
+        if t.get("reason"):
+            lines.append(f"cost model for {t['device_key']}: not retrained ({t['reason']})")
+            continue
         lines.append(f"cost model {t['model_id']} for {t['device_key']}: " + (
             f"retrained on {t['rows']} measurements in {t['seconds']} s" + (
                 f", held-out tau {t['held_out_tau']:.2f}" if t["held_out_tau"] is not None

@@ -43,7 +43,7 @@ PIPELINES: dict[str, type[ProgramPipeline]] = {
 
 
 TRAIN_BUDGET_S = 30.0  # the retrain at the end of a launch: LightGBM stops boosting at this
-MIN_TRAIN_ROWS = 10  # fewer ok measurements of a device: nothing to learn from yet
+MIN_TRAIN_ROWS = 5  # fewer ok measurements of a device: nothing to learn from yet
 
 
 def pipeline_for(ctx: RunContext, entry: ProgramEntry) -> ProgramPipeline:
@@ -165,6 +165,8 @@ def retrain(database: db.Database, device_keys: list[str], budget_s: float,
                                   min_rows=MIN_TRAIN_ROWS)
         except ValueError as err:
             log(f"cost model: not retrained for {key}: {err}")
+            out.append({"model_id": None, "device_key": key, "trained": False, "rows": None,
+                        "seconds": None, "held_out_tau": None, "reason": str(err)})
             continue
         if not res["trained"]:
             log(f"cost model {res['model_id']} for {key}: up to date (nothing new measured)")
