@@ -255,8 +255,8 @@ def export_dataset(database: db.Database, path: str | Path, *,
     added = 0
     for r in db.dataset_rows(database, device_prefix):
         pkey = program_key(r.program_hash, r.shapes, r.dtype)
-        m = {"kind": "m", "p": pkey, "s": r.structure_hash, "c": r.config, "d": r.device_key,
-             "st": r.status}
+        m: dict[str, Any] = {"kind": "m", "p": pkey, "s": r.structure_hash, "c": r.config,
+                             "d": r.device_key, "st": r.status}
         if r.status == OK:
             m["t"] = r.median_s
         elif r.message:
