@@ -228,9 +228,9 @@ class GbdtModel(LearnedModel):
 
         x = np.stack([s.flat() for s in samples])
         logt = np.log([s.seconds for s in samples])
-        # one thread below 20k rows: a tree there takes less time than OpenMP's barriers cost
-        # on a loaded 2-core machine (a 545-row fit went from minutes to seconds)
-        threads = self.threads or (1 if len(samples) < 20000 else 2)
+        # one thread unless asked: on a loaded 2-core machine OpenMP's barriers cost more than
+        # the trees (a 526-row fit: 4.7 s on one thread, over 5 minutes on two)
+        threads = self.threads or 1
         params = {"objective": "regression", "num_leaves": self.leaves, "learning_rate": 0.05,
                   "min_data_in_leaf": 5, "bagging_fraction": 0.9, "bagging_freq": 1,
                   "feature_fraction": 0.9, "num_threads": threads, "seed": seed,
