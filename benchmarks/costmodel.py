@@ -1,16 +1,21 @@
 """How well do the cost models rank configurations they have not measured?
 
     .venv/bin/python benchmarks/costmodel.py [--caches DIR] [--spaces convolution,dedispersion]
-        [--splits device,random] [--models roofline,gbdt,graphsage] [--steps 3000]
-        [--sweep FILE.jsonl.gz ...] [--json OUT]
+        [--splits device,random,fewshot] [--models roofline,gbdt,graphsage] [--steps 3000]
+        [--sweep FILE.jsonl.gz ...] [--dataset FILE.jsonl.gz ...] [--shots 16] [--json OUT]
 
 For every Kernel Tuner space (one kernel, six GPUs: ``../shared/data/kernel_tuner_caches``)
 and every split, trains each model on the training rows of each fold and scores the held-out
 rows (``costmodel.cross_validate``): mean Kendall tau and top-1 slowdown per space (one kernel
 on one GPU), top-5 recall, MAPE.  ``--split device`` is leave-one-GPU-out, the issue's main
 figure; ``random`` holds out 20% of rows.  ``--sweep`` adds our own measured kernels (files of
-``benchmarks/sweep.py``) as one more dataset, split by program.  Also prints training seconds
-and prediction throughput (configs/s) per model, and the CPU it ran on.
+``benchmarks/sweep.py``) as one more dataset, split by program; ``--dataset`` a dataset file
+(``tuner export dataset``: our CPU measurements), split by program.  ``fewshot``: per held-out
+GPU, the default model (``--fewshot-model``, gbdt) trained on the other GPUs, zero-shot and
+after ``--shots`` configs of the held-out GPU chosen and measured by the model-guided rule
+(``benchmarks/strategies.py``: ``sampler: model``'s), scored on the rest of its space.  Ends
+with one table of every figure.  Also prints training seconds and prediction throughput
+(configs/s) per model, and the CPU it ran on.
 """
 
 from __future__ import annotations
@@ -46,14 +51,54 @@ def cpu_name() -> str:
 
 def datasets(args) -> dict[str, list]:
     out = {}
-    for space in args.spaces.split(","):
+    for space in [s for s in args.spaces.split(",") if s]:
         files = sorted((Path(args.caches) / space).glob("*.json*"))
         if not files:
             sys.exit(f"error: no Kernel Tuner caches under {Path(args.caches) / space}")
         out[space] = concat(*(kernel_tuner_samples(read_kernel_tuner(f)) for f in files))
     for path in args.sweep:
         out[Path(path).name] = list(sweep_samples(path))
+    for path in args.dataset:
+        out[Path(path).name] = dataset_samples(path)
     return out
+
+
+def dataset_samples(path: str) -> list:
+    """The ok measurements of a dataset file, through a scratch database (as a user's)."""
+    import tempfile
+
+    import db
+    from costmodel import import_dataset, read_dataset, samples_from_rows
+
+    with tempfile.TemporaryDirectory() as tmp, \
+            db.connect(f"sqlite:///{tmp}/d.db") as database:
+        import_dataset(database, read_dataset(path))
+        return samples_from_rows(db.training_rows(database))
+
+
+def fewshot(kernel: str, caches: Path, kind: str, shots: int) -> dict:
+    """Per held-out GPU: zero-shot and few-shot metrics of ``kind`` trained on the others."""
+    from strategies import Space, few_shot, model_for_target, target_samples
+
+    from costmodel import evaluate
+
+    spaces = [Space(p) for p in sorted((caches / kernel).glob("*.json*"))]
+    rows = []
+    for space in spaces:
+        model = model_for_target(spaces, space, kind)
+        samples = target_samples(space)
+        zero = evaluate(["g"] * len(samples), space.times, model.predict(samples))
+        few = few_shot(space, model, samples, shots)
+        rows.append({"gpu": space.raw.device, "zero_tau": zero["kendall_tau"],
+                     "zero_top1": zero["top1_slowdown"], "few_tau": few["kendall_tau"],
+                     "few_top1": few["top1_slowdown"], "best_after": few["best_after"]})
+        print(f"  {kernel} {space.raw.device[:24]:<24} zero-shot tau {zero['kendall_tau']:.3f} "
+              f"top1 {100 * zero['top1_slowdown']:5.1f}% | after {shots} shots tau "
+              f"{few['kendall_tau']:.3f} top1 {100 * few['top1_slowdown']:5.1f}%, best found "
+              f"{100 * few['best_after']:4.1f}% off", flush=True)
+    mean = {k: float(sum(r[k] for r in rows) / len(rows)) for k in rows[0] if k != "gpu"}
+    return {"dataset": kernel, "split": f"fewshot {shots}", "model": kind, "rows": rows,
+            "mean": mean}
 
 
 def throughput(samples, models, steps: int) -> dict:
@@ -94,6 +139,10 @@ def main() -> None:
     ap.add_argument("--models", default="roofline,gbdt,graphsage")
     ap.add_argument("--steps", type=int, default=6000, help="GraphSAGE training steps")
     ap.add_argument("--sweep", nargs="*", default=[], help="benchmarks/sweep.py outputs")
+    ap.add_argument("--dataset", nargs="*", default=[], help="dataset files (CPU)")
+    ap.add_argument("--shots", type=int, default=16)
+    ap.add_argument("--fewshot-model", default="gbdt")
+    ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--json", help="write every figure to this file")
     args = ap.parse_args()
     models = args.models.split(",")
@@ -101,19 +150,41 @@ def main() -> None:
     print(f"CPU: {cpu_name()}")
     report = {"cpu": cpu_name(), "results": [], "throughput": {}}
     data = datasets(args)
+    table = []
     for name, samples in data.items():
         splits = args.splits.split(",") if name in args.spaces.split(",") else ["program"]
         for split in splits:
+            if split == "fewshot":
+                res = fewshot(name, Path(args.caches), args.fewshot_model, args.shots)
+                report["results"].append(res)
+                m = res["mean"]
+                table.append((name, "leave one GPU out, zero-shot", args.fewshot_model,
+                              {"kendall_tau": m["zero_tau"], "top1_slowdown": m["zero_top1"]}))
+                table.append((name, f"leave one GPU out, {args.shots} shots", args.fewshot_model,
+                              {"kendall_tau": m["few_tau"], "top1_slowdown": m["few_top1"]}))
+                continue
             start = time.perf_counter()
             result = cross_validate(samples, split, models, options=options)
             result["seconds"] = round(time.perf_counter() - start, 1)
             show(f"{name} ({len(samples)} rows)", split, result)
             report["results"].append({"dataset": name, **result})
+            table += [(name, split, kind, mean) for kind, mean in result["mean"].items()]
+        if args.no_throughput:
+            continue
         report["throughput"][name] = throughput(samples, models, args.steps)
         print(f"  train / predict on all {len(samples)} rows: "
               + "; ".join(f"{k} {v['train_s']} s, {v['predict_per_s']}/s"
                           for k, v in report["throughput"][name].items()))
-    if len(data) > 1:  # the issue's scale figure: training on every row at once
+    print(f"\n{'data':<34} {'split':<30} {'model':<10} {'tau':>7} {'top-1':>8} {'top-5':>6} "
+          f"{'MAPE':>7}")
+    for name, split, kind, m in table:
+        cells = [f"{m[k]:7.3f}" if m and k in m else f"{'-':>7}" for k in ("kendall_tau",)]
+        top1 = f"{100 * m['top1_slowdown']:7.1f}%" if m and "top1_slowdown" in m else \
+            f"{'-':>8}"
+        top5 = f"{m['top5_recall']:6.2f}" if m and "top5_recall" in m else f"{'-':>6}"
+        mape = f"{m['mape']:7.3f}" if m and "mape" in m else f"{'-':>7}"
+        print(f"{name[:34]:<34} {split[:30]:<30} {kind:<10} {cells[0]} {top1} {top5} {mape}")
+    if len(data) > 1 and not args.no_throughput:  # the scale figure: every row at once
         everything = concat(*data.values())
         report["throughput"]["all"] = throughput(everything, models, args.steps)
         print(f"\nall datasets, {len(everything)} rows: "

@@ -15,6 +15,8 @@ them out of its own.  Strategies:
   (never on this one) ranks this GPU's space; the strategy measures the best-ranked
   configuration, then corrects the ranking with what it measured (the residual of measured
   configurations, spread to their neighbours by how many parameters they share) and repeats;
+  after 4, 8 and 16 measurements it re-learns the GPU from them (``CostModel.adapt``) — the
+  rule of ``sampler: model`` (tuner/samplers/model.py);
 - Kernel Tuner 1.5's strategies (``kernel_tuner.tune_cache``, its simulation mode on the
   un-gzipped file), seeded through ``random`` and ``numpy.random``.
 
@@ -29,6 +31,7 @@ optimum: 0 is random search, 1 finds the optimum at once.
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 import math
@@ -47,11 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 from costmodel import (  # noqa: E402
     concat,
+    device_profile,
     featurize_params,
     kernel_tuner_samples,
     make_model,
     read_kernel_tuner,
-    spec_for_key,
 )
 
 TARGET = 1.05
@@ -141,37 +144,90 @@ def run_tpe(space: Space, seed: int, budget: int) -> list[int]:
     return order
 
 
-def model_ranking(spaces: list[Space], target: Space, kind: str) -> np.ndarray:
-    """Predicted log seconds of the target's configs by a model trained on the others."""
+def target_samples(target: Space) -> list:
+    """The target GPU's configs as the model sees them (its table row, or its sibling's)."""
+    profile = device_profile(target.raw.device_key)
+    return [featurize_params(c, target.keys, target.raw.problem_size, profile.spec,
+                             group="target", program=target.raw.kernel,
+                             device=target.raw.device_key, known_device=profile.known)
+            for c in target.configs]
+
+
+def model_for_target(spaces: list[Space], target: Space, kind: str):
+    """A model trained on the other GPUs' spaces of the kernel (never on the target)."""
     train = concat(*(kernel_tuner_samples(s.raw) for s in spaces if s is not target))
     model = make_model(kind)
     model.fit(train)
-    spec = spec_for_key(target.raw.device_key)
-    rows = [featurize_params(c, target.keys, target.raw.problem_size, spec,
-                             group="target", program=target.raw.kernel,
-                             device=target.raw.device_key) for c in target.configs]
-    return np.log(model.predict(rows))
+    return model
 
 
-def run_model(space: Space, predicted: np.ndarray, seed: int, budget: int) -> list[int]:
-    """Measure the best-ranked unmeasured config; correct the ranking by the residuals of
-    measured ones, weighted 2^-(parameters that differ); repeat."""
+ADAPT_AT = (4, 8, 16)  # as tuner/samplers/model.py: the device re-learned from its shots
+
+
+def run_model(space: Space, model, samples: list, seed: int, budget: int,
+              adapt: bool = True) -> list[int]:
+    """The rule of ``sampler: model`` (tuner/samplers/model.py): measure the best-ranked
+    unmeasured config; correct the ranking by the residuals of measured ones, weighted
+    2^-(parameters that differ); after 4, 8 and 16 measurements re-learn the device from them
+    (``CostModel.adapt``, on a copy of the model); repeat."""
+    model = copy.copy(model)
+    model.offsets, model.mixes = dict(model.offsets), dict(model.mixes)
+    predicted = np.log(model.predict(samples))
     rng = np.random.default_rng(seed)
-    score = predicted + rng.normal(0.0, 0.01, len(predicted))  # ties broken per seed
-    correction_num = np.zeros(len(score))
-    correction_den = np.ones(len(score))  # a prior weight of 1 on "the model is right"
-    measured = np.zeros(len(score), bool)
+    noise = rng.normal(0.0, 0.01, len(predicted))  # ties broken per seed
+    measured = np.zeros(len(predicted), bool)
     order: list[int] = []
-    for _ in range(min(budget, len(score))):
-        current = np.where(measured, np.inf, score + correction_num / correction_den)
+    for _ in range(min(budget, len(predicted))):
+        if adapt and len(order) in ADAPT_AT:
+            shots = []
+            for i in order:
+                shot = copy.copy(samples[i])
+                shot.seconds = float(space.times[i])
+                shots.append(shot)
+            model.adapt(shots)
+            predicted = np.log(model.predict(samples))
+        num = np.zeros(len(predicted))
+        den = np.ones(len(predicted))  # a prior weight of 1 on "the model is right"
+        for i in order:
+            weight = 2.0 ** -(space.codes != space.codes[i]).sum(1)
+            num += weight * (math.log(space.times[i]) - predicted[i])
+            den += weight
+        current = np.where(measured, np.inf, predicted + noise + num / den)
         i = int(np.argmin(current))
         order.append(i)
         measured[i] = True
-        residual = math.log(space.times[i]) - predicted[i]
-        weight = 2.0 ** -(space.codes != space.codes[i]).sum(1)
-        correction_num += weight * residual
-        correction_den += weight
     return order
+
+
+def few_shot(space: Space, model, samples: list, shots: int = 16) -> dict:
+    """Ranking of the rest of the space after ``shots`` configs chosen and measured by the
+    model-guided rule (seed 0): the adapted model's prediction corrected by the residuals of
+    the measured ones, scored on the configs not measured (Kendall tau, top-1 slowdown)."""
+    from costmodel import evaluate
+
+    order = run_model(space, model, samples, 0, shots)
+    model = copy.copy(model)
+    model.offsets, model.mixes = dict(model.offsets), dict(model.mixes)
+    measured = []
+    for i in order:
+        shot = copy.copy(samples[i])
+        shot.seconds = float(space.times[i])
+        measured.append(shot)
+    model.adapt(measured)
+    predicted = np.log(model.predict(samples))
+    num, den = np.zeros(len(predicted)), np.ones(len(predicted))
+    for i in order:
+        weight = 2.0 ** -(space.codes != space.codes[i]).sum(1)
+        num += weight * (math.log(space.times[i]) - predicted[i])
+        den += weight
+    rest = np.setdiff1d(np.arange(len(predicted)), order)
+    m = evaluate(["g"] * len(rest), space.times[rest], np.exp((predicted + num / den)[rest]))
+    best_seen = float(min(space.times[order]))
+    return {"shots": shots, "kendall_tau": m["kendall_tau"],
+            "top1_slowdown": m["top1_slowdown"],
+            # what a tuner ends with: the best of the shots and the model's pick
+            "best_after": min(best_seen, float(space.times[rest][np.argmin(
+                (predicted + num / den)[rest])])) / space.best - 1}
 
 
 def run_kernel_tuner(space: Space, strategy: str, seed: int, budget: int, plain: Path
@@ -239,7 +295,8 @@ def main() -> None:
             start = time.perf_counter()
             plain = tmp / f"{kernel}-{space.path.name.split('.')[0]}.json"
             plain.write_bytes(gzip.decompress(space.path.read_bytes()))
-            predicted = model_ranking(spaces, space, args.model)
+            model = model_for_target(spaces, space, args.model)
+            samples = target_samples(space)
             f_rand = expected_random_best(space.times, args.budget)
             row = {"space": kernel, "gpu": space.raw.device, "configs": len(space.configs)}
             for name in names:
@@ -250,7 +307,7 @@ def main() -> None:
                     elif name == "tpe":
                         orders.append(run_tpe(space, seed, args.budget))
                     elif name == "model":
-                        orders.append(run_model(space, predicted, seed, args.budget))
+                        orders.append(run_model(space, model, samples, seed, args.budget))
                     else:
                         orders.append(run_kernel_tuner(space, name, seed, args.budget, plain))
                 row[name] = summarize(space, orders, args.budget, f_rand)

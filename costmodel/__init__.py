@@ -11,9 +11,19 @@ from ._data import (
     concat,
     kernel_tuner_samples,
     read_kernel_tuner,
-    spec_for_key,
     sweep_samples,
 )
+from ._dataset import (
+    FORMAT_VERSION,
+    SIZE_BUDGET_BYTES,
+    Dataset,
+    DatasetFormatError,
+    default_path,
+    export_dataset,
+    import_dataset,
+    read_dataset,
+)
+from ._devices import DeviceProfile, device_profile, spec_for_key, unknown_devices
 from ._evaluate import SPLITS, cross_validate, folds
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
 from ._metrics import evaluate
@@ -28,8 +38,11 @@ from ._store import (
     train,
 )
 
-__all__ = ["FEATURE_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_KINDS", "SPLITS", "CacheFormatError",
-           "CostModel", "KernelTunerSpace", "Sample", "concat", "cross_validate", "evaluate",
-           "evaluate_database", "featurize", "featurize_params", "folds", "import_kernel_tuner",
-           "kernel_tuner_samples", "load_model", "make_model", "model_for", "read_kernel_tuner",
-           "samples_from_rows", "spec_for_key", "sweep_samples", "train"]
+__all__ = ["FEATURE_VERSION", "FORMAT_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_KINDS",
+           "SIZE_BUDGET_BYTES", "SPLITS", "CacheFormatError", "CostModel", "Dataset",
+           "DatasetFormatError", "DeviceProfile", "KernelTunerSpace", "Sample", "concat",
+           "cross_validate", "default_path", "device_profile", "evaluate", "evaluate_database",
+           "export_dataset", "featurize", "featurize_params", "folds", "import_dataset",
+           "import_kernel_tuner", "kernel_tuner_samples", "load_model", "make_model",
+           "model_for", "read_dataset", "read_kernel_tuner", "samples_from_rows",
+           "spec_for_key", "sweep_samples", "train", "unknown_devices"]

@@ -15,9 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from kernels import OK, DeviceSpec, get_spec, replay_key, replayed_gpu
+from kernels import OK, DeviceSpec, replay_key
 from search.ir import from_obj
 
+from ._devices import device_profile
 from ._features import Sample, featurize, featurize_params
 
 
@@ -82,26 +83,16 @@ def read_kernel_tuner(path: str | Path) -> KernelTunerSpace:
                             tuple(keys), tuple(configs), tuple(times), tuple(failures))
 
 
-def spec_for_key(device_key: str) -> DeviceSpec:
-    """The device table's row for a device key (``replay:<GPU>`` names the replayed GPU): its
-    speeds are features, so a device the table does not know is an error, not a guess."""
-    name = replayed_gpu(device_key) or device_key
-    try:
-        return get_spec(name)
-    except KeyError as err:
-        raise ValueError(f"device {device_key!r}: {err.args[0]}; the cost model needs its "
-                         "speeds") from None
-
-
 def kernel_tuner_samples(space: KernelTunerSpace) -> list[Sample]:
     """One sample per configuration that ran (failed ones have no time to learn)."""
-    spec = spec_for_key(space.device_key)
+    profile = device_profile(space.device_key)
     group = f"{space.kernel}@{space.device}"
     out = []
     for config, seconds in zip(space.configs, space.times_s, strict=True):
         if not math.isnan(seconds):
-            s = featurize_params(config, space.keys, space.problem_size, spec, group=group,
-                                 program=space.kernel, device=space.device_key)
+            s = featurize_params(config, space.keys, space.problem_size, profile.spec,
+                                 group=group, program=space.kernel, device=space.device_key,
+                                 known_device=profile.known)
             s.seconds = seconds
             out.append(s)
     return out

@@ -33,8 +33,9 @@ import numpy as np
 from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
 from search.ir import MAX_RANK, OPS, KernelGraph
 
-FEATURE_VERSION = 3  # 2: node rows padded to NODE_DIM (they were 2 short); 3: opcodes of
-# add_scalar, neg, rsqrt and tanh (OPCODES is the sorted op table: the others moved)
+FEATURE_VERSION = 4  # 4: a flag for a device the table lacks (its sibling's speeds); 3: opcodes
+# of add_scalar, neg, rsqrt and tanh (OPCODES is the sorted op table: the others moved); 2: µGraph
+# node rows padded to NODE_DIM (they were 2 short)
 OPCODES = ["<pad>", "kt_config", *sorted(k for k in OPS if k not in ("input", "output")),
            "input", "output"]
 OPCODE = {name: i for i, name in enumerate(OPCODES)}
@@ -43,7 +44,7 @@ STAGES = ("kernel", "pre", "body", "post")
 LEVELS = (Level.LOCAL, Level.REGIONAL, Level.GLOBAL)
 KERNEL_DIM = 10
 NODE_DIM = MAX_RANK + 1 + len(STAGES) + len(LEVELS) + 2 + 2 + KERNEL_DIM + KT_PARAMS + 3
-DEVICE_DIM = 9
+DEVICE_DIM = 10
 GRAPH_DIM = 6 + DEVICE_DIM
 
 
@@ -76,12 +77,14 @@ def _log2(x: float) -> float:
     return math.log2(1.0 + max(0.0, float(x)))
 
 
-def device_features(spec: DeviceSpec) -> list[float]:
-    """Peak bandwidth and FLOP/s, parallel units, caches and kind, log-scaled."""
+def device_features(spec: DeviceSpec, known: bool = True) -> list[float]:
+    """Peak bandwidth and FLOP/s, parallel units, caches and kind, log-scaled, and whether
+    these are the device's own figures (``known``) or its closest sibling's
+    (``costmodel._devices``): the trees can then tell a guessed device from a listed one."""
     return [math.log10(max(spec.mem_bandwidth_gbs, 1e-3)), math.log10(spec.peak_fp32_flops),
             math.log10(max(spec.peak_fp16_tensor_flops, 1.0)), _log2(spec.sm_count),
             _log2(spec.l1_bytes), _log2(spec.l2_bytes), _log2(spec.llc_bytes),
-            float(spec.kind == "cpu"), float(spec.kind != "cpu")]
+            float(spec.kind == "cpu"), float(spec.kind != "cpu"), float(not known)]
 
 
 def _shape(shape: Sequence) -> list[float]:
@@ -120,8 +123,10 @@ def _levels(plan: KernelPlan) -> dict[tuple[int, int], Level]:
 
 
 def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: DeviceSpec, *,
-              group: str = "", program: str = "", device: str = "") -> Sample:
-    """The sample of ``structure`` bound by ``config`` on ``spec`` (lowered once)."""
+              group: str = "", program: str = "", device: str = "",
+              known_device: bool = True) -> Sample:
+    """The sample of ``structure`` bound by ``config`` on ``spec`` (lowered once);
+    ``known_device`` False: ``spec`` is a sibling's row (``costmodel._devices``)."""
     plan = lower(structure, config, spec, "cm")
     bound = structure.bind({k: int(v) for k, v in plan.config.items()
                             if k in structure.symbols()}) if structure.symbols() else structure
@@ -166,7 +171,7 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
         index += 1
     graph = [_log2(est.bytes_moved), _log2(est.flops), float(est.launches),
              math.log10(max(est.seconds, 1e-9)), min(r[-1] for r in kfeat.values()) if kfeat
-             else 1.0, float(len(plan.kernels)), *device_features(spec)]
+             else 1.0, float(len(plan.kernels)), *device_features(spec, known_device)]
     return Sample(group, program, device, np.asarray(opcodes, np.int64),
                   np.asarray(nodes, np.float32),
                   np.asarray(edges, np.int64).T.reshape(2, -1), np.asarray(graph, np.float32),
@@ -223,14 +228,14 @@ def _flops(kind: str, in_shapes: list, out_shape) -> float:
 
 def featurize_params(params: Mapping[str, float], keys: Sequence[str],
                      problem_size: Sequence[int], spec: DeviceSpec, *, group: str,
-                     program: str, device: str) -> Sample:
+                     program: str, device: str, known_device: bool = True) -> Sample:
     """A Kernel Tuner configuration as a one-node graph: its parameters (in ``keys``' order,
     log2 of 1 + value) and the problem size, on ``spec``'s device features."""
     values = [_log2(float(params[k])) for k in keys][:KT_PARAMS]
     size = [_log2(d) for d in list(problem_size)[:3]]
     vec = [0.0] * (NODE_DIM - KT_PARAMS - 3) + values + [0.0] * (KT_PARAMS - len(values)) + \
         size + [0.0] * (3 - len(size))
-    graph = [0.0] * 6 + device_features(spec)
+    graph = [0.0] * 6 + device_features(spec, known_device)
     return Sample(group, program, device, np.asarray([OPCODE["kt_config"]], np.int64),
                   np.asarray([vec], np.float32), np.zeros((2, 0), np.int64),
                   np.asarray(graph, np.float32), config=dict(params))

@@ -20,10 +20,12 @@ import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
+from scipy.stats import kendalltau
 
-from ._features import FEATURE_VERSION, GRAPH_DIM, NODE_DIM, OPCODES, Sample
+from ._features import DEVICE_DIM, FEATURE_VERSION, GRAPH_DIM, NODE_DIM, OPCODES, Sample
 
 MODEL_KINDS = ("roofline", "gbdt", "graphsage")
 
@@ -33,6 +35,17 @@ class CostModel(ABC):
 
     def __init__(self) -> None:
         self.feature_version = FEATURE_VERSION
+        # what each device's own measurements taught (``adapt``): log-time offset, and the
+        # mix of known devices' features whose rankings match its measured configs
+        self.offsets: dict[str, float] = {}
+        self.mixes: dict[str, list[tuple[float, np.ndarray]]] = {}
+        self.devices: dict[str, np.ndarray] = {}  # device key -> its features, from training
+
+    def adapt(self, measured: Sequence[Sample]) -> dict[str, dict]:
+        """Learn each device of ``measured`` (samples with seconds) from its own few
+        measurements, without retraining: see ``LearnedModel.adapt``.  The roofline learns
+        nothing this way."""
+        return {}
 
     @abstractmethod
     def fit(self, samples: Sequence[Sample], *, progress: Callable[[str], None] | None = None,
@@ -118,37 +131,135 @@ class RooflineModel(CostModel):
         return np.asarray([s.estimate_s * self.scale.get(s.device, 1.0) for s in samples])
 
 
-class GbdtModel(CostModel):
-    """LightGBM on flat features (``Sample.flat``), regressing log seconds."""
+def with_device(samples: Sequence[Sample], vec: np.ndarray) -> list[Sample]:
+    """``samples`` as if run on the device whose features are ``vec``."""
+    return [replace(s, graph=np.concatenate([s.graph[:-DEVICE_DIM], vec]).astype(np.float32))
+            for s in samples]
+
+
+class LearnedModel(CostModel):
+    """A model that predicts a level and a shape (``_raw``), learns per-device offsets and
+    mixes from few measurements (``adapt``) and combines them (``predict``)."""
+
+    MIX_POWER = 4.0  # weight of a known device: (its tau on the measured configs) ^ this
+    MIX_KEEP = 3  # known devices kept in a mix
+
+    @abstractmethod
+    def _raw(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
+        """(level: log seconds, shape: within-group standardised log seconds) per sample."""
+
+    def remember(self, samples: Sequence[Sample]) -> None:
+        """Keep each training device's features: the candidates ``adapt`` mixes."""
+        self.devices = {s.device: s.graph[-DEVICE_DIM:].copy() for s in samples}
+
+    def adapt(self, measured: Sequence[Sample]) -> dict[str, dict]:
+        """Per device of ``measured`` (at least 3 configs): rank its measured configs as each
+        known device would (its features substituted) and as its own features say, weight each
+        by its Kendall tau there (to the 4th power, the best 3 kept), and use that mix for the
+        device's shape from now on; its level is shifted by the mean measured - predicted log
+        time.  A per-device embedding fitted from a few shots, in the space of known devices
+        (docs/costmodel.md: few-shot)."""
+        by_device: dict[str, list[Sample]] = defaultdict(list)
+        for s in measured:
+            if s.seconds > 0 and math.isfinite(s.seconds):
+                by_device[s.device].append(s)
+        out = {}
+        for device, rows in by_device.items():
+            if len(rows) < 3:
+                continue
+            logt = np.log([s.seconds for s in rows])
+            own = rows[0].graph[-DEVICE_DIM:].copy()
+            candidates = [(device + " (own features)", own)] + [
+                (k, v) for k, v in self.devices.items() if k != device]
+            scored = []
+            for name, vec in candidates:
+                tau = kendalltau(self._raw(with_device(rows, vec))[1], logt).statistic
+                scored.append((0.0 if math.isnan(tau) else float(tau), name, vec))
+            scored.sort(key=lambda x: -x[0])
+            kept = [(max(t, 0.0) ** self.MIX_POWER, n, v) for t, n, v in scored[:self.MIX_KEEP]]
+            total = sum(w for w, _, _ in kept)
+            self.mixes.pop(device, None)
+            if total > 0:
+                self.mixes[device] = [(w / total, v) for w, _, v in kept if w > 0]
+            level = self._levels(rows)
+            self.offsets[device] = float(np.mean(logt - level))
+            out[device] = {"shots": len(rows), "offset": round(self.offsets[device], 4),
+                           "mix": {n: round(w / total, 3) if total else 0.0
+                                   for w, n, _ in kept}}
+        return out
+
+    def _levels(self, samples: Sequence[Sample]) -> np.ndarray:
+        level, _ = self._raw(samples)
+        return level
+
+    def predict(self, samples: Sequence[Sample]) -> np.ndarray:
+        if not samples:  # as every model: no samples, no predictions
+            return np.zeros(0)
+        level, shape = self._raw(samples)
+        level = level + np.asarray([self.offsets.get(s.device, 0.0) for s in samples])
+        by_device: dict[str, list[int]] = defaultdict(list)
+        for i, s in enumerate(samples):
+            if s.device in self.mixes:
+                by_device[s.device].append(i)
+        for device, idx in by_device.items():
+            sub = [samples[i] for i in idx]
+            shape[idx] = sum(w * self._raw(with_device(sub, v))[1]
+                             for w, v in self.mixes[device])
+        return np.exp(combine(level, shape, group_rows(samples)))
+
+
+class GbdtModel(LearnedModel):
+    """LightGBM on flat features (``Sample.flat``), regressing log seconds (the level) and
+    the within-group standardised log seconds (the shape); ``time_budget_s`` stops boosting
+    early (half of it each), for the retrain at the end of a launch."""
 
     kind = "gbdt"
 
-    def __init__(self, trees: int = 400, leaves: int = 63, threads: int = 2) -> None:
+    # 1200 trees of 255 leaves: convolution random split tau 0.87 -> 0.92 over 400 of 63
+    # (Intel Xeon, 2 cores, under load; benchmarks/costmodel.py)
+    def __init__(self, trees: int = 1200, leaves: int = 255, threads: int | None = None,
+                 time_budget_s: float | None = None) -> None:
         super().__init__()
         self.trees, self.leaves, self.threads = trees, leaves, threads
+        self.time_budget_s = time_budget_s
 
     def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
         import lightgbm
 
         x = np.stack([s.flat() for s in samples])
         logt = np.log([s.seconds for s in samples])
+        # one thread unless asked: on a loaded 2-core machine OpenMP's barriers cost more than
+        # the trees (a 526-row fit: 4.7 s on one thread, over 5 minutes on two)
+        threads = self.threads or 1
         params = {"objective": "regression", "num_leaves": self.leaves, "learning_rate": 0.05,
                   "min_data_in_leaf": 5, "bagging_fraction": 0.9, "bagging_freq": 1,
-                  "feature_fraction": 0.9, "num_threads": self.threads, "seed": seed,
+                  "feature_fraction": 0.9, "num_threads": threads, "seed": seed,
                   "verbose": -1}
-        self.level = lightgbm.train(params, lightgbm.Dataset(x, logt), self.trees)
-        shape = within_group(logt, group_rows(samples))
-        self.shape = lightgbm.train(params, lightgbm.Dataset(x, shape), self.trees)
 
-    def predict(self, samples: Sequence[Sample]) -> np.ndarray:
-        if not samples:  # as every model: no samples, no predictions (np.stack refuses [])
-            return np.zeros(0)
+        def boost(y: np.ndarray):
+            callbacks = []
+            if self.time_budget_s is not None:
+                end = time.perf_counter() + self.time_budget_s / 2
+
+                def stop(env) -> None:
+                    if time.perf_counter() > end:
+                        if progress:
+                            progress(f"gbdt: time budget reached at tree {env.iteration + 1}")
+                        raise lightgbm.callback.EarlyStopException(env.iteration, [])
+                callbacks.append(stop)
+            return lightgbm.train(params, lightgbm.Dataset(x, y), self.trees,
+                                  callbacks=callbacks)
+
+        self.level = boost(logt)
+        self.shape = boost(within_group(logt, group_rows(samples)))
+        self.remember(samples)
+
+    def _raw(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
         x = np.stack([s.flat() for s in samples])
-        return np.exp(combine(np.asarray(self.level.predict(x)),
-                              np.asarray(self.shape.predict(x)), group_rows(samples)))
+        return np.asarray(self.level.predict(x)), np.asarray(self.shape.predict(x))
 
 
-class SageModel(CostModel):
+class SageModel(LearnedModel):
     """GraphSAGE over the op graph (see the module docstring)."""
 
     kind = "graphsage"
@@ -269,8 +380,10 @@ class SageModel(CostModel):
         torch.save(net.state_dict(), buf)
         self.state = buf.getvalue()
         self._module = net
+        self.remember(samples)
 
-    def predict(self, samples: Sequence[Sample], batch: int = 4096) -> np.ndarray:
+    def _raw(self, samples: Sequence[Sample], batch: int = 4096
+             ) -> tuple[np.ndarray, np.ndarray]:
         import torch
 
         net = getattr(self, "_module", None)
@@ -285,11 +398,8 @@ class SageModel(CostModel):
         with torch.no_grad():
             for i in range(0, len(samples), batch):
                 out.append(net(*self._batch(samples[i:i + batch])).numpy())
-        if not out:
-            return np.zeros(0)
-        both = np.concatenate(out)
-        return np.exp(combine(both[:, 0] * self.y_sd + self.y_mu, both[:, 1],
-                              group_rows(samples)))
+        both = np.concatenate(out) if out else np.zeros((0, 2), np.float32)
+        return both[:, 0] * self.y_sd + self.y_mu, both[:, 1].astype(np.float64)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

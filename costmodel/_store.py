@@ -15,11 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 import db
-from kernels import COMPILE_ERROR, OK, RUNTIME_ERROR, DeviceSpec
+from kernels import COMPILE_ERROR, OK, RUNTIME_ERROR
 from search.ir import KernelGraph, from_obj
 
-from ._data import read_kernel_tuner, spec_for_key
+from ._data import read_kernel_tuner
+from ._devices import DeviceProfile, device_profile, unknown_devices
 from ._evaluate import cross_validate
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
 from ._metrics import evaluate
@@ -58,21 +61,21 @@ def import_kernel_tuner(database: db.Database, path: str | Path) -> dict:
 def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
     """Features of stored measurements (each structure lowered once per config)."""
     graphs: dict[str, KernelGraph] = {}
-    specs: dict[str, DeviceSpec] = {}
+    profiles: dict[str, DeviceProfile] = {}
     out = []
     for r in rows:
-        spec = specs.get(r.device_key) or specs.setdefault(r.device_key,
-                                                           spec_for_key(r.device_key))
+        p = profiles.get(r.device_key) or profiles.setdefault(r.device_key,
+                                                              device_profile(r.device_key))
         group = f"{r.structure_hash[:16]}@{r.device_key}"
         kt = r.structure.get("kernel_tuner") if isinstance(r.structure, dict) else None
         if kt:
-            s = featurize_params(r.config, kt["keys"], kt["problem_size"], spec, group=group,
-                                 program=r.program, device=r.device_key)
+            s = featurize_params(r.config, kt["keys"], kt["problem_size"], p.spec, group=group,
+                                 program=r.program, device=r.device_key, known_device=p.known)
         else:
             graph = graphs.get(r.structure_hash) or graphs.setdefault(
                 r.structure_hash, from_obj(r.structure))
-            s = featurize(graph, r.config, spec, group=group, program=r.program,
-                          device=r.device_key)
+            s = featurize(graph, r.config, p.spec, group=group, program=r.program,
+                          device=r.device_key, known_device=p.known)
         s.seconds = r.median_s
         out.append(s)
     return out
@@ -80,7 +83,7 @@ def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
 
 def train(database: db.Database, *, device_key: str | None = None, kind: str = "graphsage",
           force: bool = False, options: dict | None = None,
-          progress: Callable[[str], None] | None = None) -> dict:
+          progress: Callable[[str], None] | None = None, min_rows: int = 1) -> dict:
     """Fit ``kind`` on the database's measurements (of ``device_key``, or all) and store it.
 
     Incremental: when the newest stored model of this kind and device was trained on every
@@ -100,22 +103,62 @@ def train(database: db.Database, *, device_key: str | None = None, kind: str = "
                 **last.trained_on}
     start = time.perf_counter()
     rows = db.training_rows(database, device_key)
+    if len(rows) < min_rows:
+        raise ValueError(f"{len(rows)} ok measurements" + (f" of {device_key}" if device_key
+                                                            else "")
+                         + f": fewer than {min_rows}, too few to learn from yet")
     if progress:
         progress(f"featurizing {len(rows)} measurements")
     samples = samples_from_rows(rows)
+    held_out = held_out_metrics(samples, kind, options, progress=progress)
     model = make_model(kind, **(options or {}))
     model.fit(samples, progress=progress)
     fit_s = time.perf_counter() - start
     metrics = evaluate([s.group for s in samples], [s.seconds for s in samples],
                        model.predict(samples))
-    trained_on = {"rows": len(samples), "newest_measurement": newest,
-                  "devices": sorted({s.device for s in samples}),
+    devices = sorted({s.device for s in samples})
+    trained_on = {"rows": len(samples), "newest_measurement": newest, "devices": devices,
                   "programs": len({s.program for s in samples}), "seconds": round(fit_s, 2)}
     model_id = db.save_model(database, kind=kind, device_key=key,
                              feature_version=FEATURE_VERSION, weights=model.to_bytes(),
-                             trained_on=trained_on, metrics={"train": metrics})
+                             trained_on=trained_on,
+                             metrics={"train": metrics, "held_out": held_out})
     return {"model_id": model_id, "kind": kind, "device_key": key, "trained": True,
-            **trained_on, "train_metrics": metrics}
+            **trained_on, "train_metrics": metrics, "held_out": held_out,
+            "unknown_devices": unknown_devices(devices)}
+
+
+HELD_OUT = 0.2  # of each device's rows, held out to measure the model ``sampler: auto`` trusts
+
+
+def held_out_metrics(samples: Sequence[Sample], kind: str, options: dict | None = None, *,
+                     seed: int = 0, progress: Callable[[str], None] | None = None
+                     ) -> dict[str, dict]:
+    """Per device, the metrics of a model of ``kind`` trained on the other 80% of the rows
+    and scored on a seeded 20% it never saw (configs of structures it saw: the random split);
+    only devices with at least 10 rows, and only figures that exist (tau needs two held-out
+    configs of one group).  What ``sampler: auto`` compares with its threshold."""
+    rng = np.random.default_rng(seed)
+    test = rng.random(len(samples)) < HELD_OUT
+    by_device: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_device.setdefault(s.device, []).append(i)
+    if test.all() or not test.any() or all(len(v) < 10 for v in by_device.values()):
+        return {}
+    model = make_model(kind, **(options or {}))
+    if progress:
+        progress(f"held-out check: {kind} on {int((~test).sum())} rows, "
+                 f"scored on {int(test.sum())}")
+    model.fit([s for s, t in zip(samples, test, strict=True) if not t], seed=seed)
+    out = {}
+    for device, idx in by_device.items():
+        held = [samples[i] for i in idx if test[i]]
+        if len(idx) < 10 or len(held) < 2:
+            continue
+        m = evaluate([s.group for s in held], [s.seconds for s in held], model.predict(held))
+        out[device] = {k: v for k, v in m.items() if not (isinstance(v, float) and
+                                                           math.isnan(v))}
+    return out
 
 
 def evaluate_database(database: db.Database, split: str, *, device_key: str | None = None,
@@ -130,6 +173,7 @@ def evaluate_database(database: db.Database, split: str, *, device_key: str | No
     main = kinds[0]
     folds = [f for f in result["folds"][main] if f is not None]
     return {"split": split, "model": main, "rows": len(samples), "folds": folds,
+            "unknown_devices": unknown_devices({s.device for s in samples}),
             "mean": result["mean"][main],
             "baselines": {k: result["mean"][k] for k in kinds[1:]}}
 

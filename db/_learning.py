@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -116,6 +116,55 @@ def training_rows(database: Database, device_key: str | None = None) -> list[Tra
             out.append(TrainingRow(mid, name, phash, shash, graphs[shash], json.loads(cjson),
                                    dkey, cast(float, median)))  # ok rows have a median
     return out
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    """One first-attempt measurement with everything a dataset file keeps of it."""
+
+    program: str
+    program_hash: str
+    shapes: Any
+    dtype: str
+    program_graph: Any
+    structure_hash: str
+    structure: Any
+    config: dict
+    device_key: str
+    status: str
+    median_s: float | None
+    message: str | None
+
+
+def dataset_rows(database: Database, device_prefix: str | None = None) -> Iterator[DatasetRow]:
+    """Every first-attempt measurement of a kernel (``ok`` or failed; no library rows), of the
+    devices whose key starts with ``device_prefix``, oldest first: what
+    ``costmodel.export_dataset`` writes."""
+    stmt = (select(ProgramRow.name, ProgramRow.program_hash, ProgramRow.shapes_key,
+                   ProgramRow.dtype, ProgramRow.graph_json, StructureRow.structure_hash,
+                   StructureRow.structure_json, TrialRow.config_json, MeasurementRow.device_key,
+                   MeasurementRow.status, MeasurementRow.median_s, MeasurementRow.message)
+            .join(TrialRow, MeasurementRow.trial_id == TrialRow.id)
+            .join(StructureRow, TrialRow.structure_id == StructureRow.id)
+            .join(ProgramRow, StructureRow.program_id == ProgramRow.id)
+            .where(MeasurementRow.attempt == 0,
+                   ~StructureRow.structure_hash.startswith(LIBRARY_PREFIX))
+            .order_by(MeasurementRow.id))
+    if device_prefix:
+        stmt = stmt.where(MeasurementRow.device_key.startswith(device_prefix))
+    parsed: dict[str, Any] = {}
+
+    def load(text: str) -> Any:
+        if text not in parsed:
+            parsed[text] = json.loads(text)
+        return parsed[text]
+
+    with database.session(write=False) as s:
+        rows = s.execute(stmt).all()
+    for (name, phash, skey, dtype, pjson, shash, sjson, cjson, dkey, status, median,
+         message) in rows:
+        yield DatasetRow(name, phash, load(skey), dtype, load(pjson), shash, load(sjson),
+                         json.loads(cjson), dkey, status, median, message)
 
 
 def newest_measurement_id(database: Database, device_key: str | None = None) -> int:

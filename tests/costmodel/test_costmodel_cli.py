@@ -101,11 +101,11 @@ def test_sampler_model_falls_back_without_a_model_then_uses_the_trained_one(tmp_
     ``tuner model train`` on what it measured, a longer launch ranks with the model."""
     url = f"sqlite:///{tmp_path / 'launch.db'}"
 
-    def launch(trials: int):
+    def launch(trials: int, *extra: str):
         job = write_job(tmp_path, trials=trials, sampler="model", name=f"job{trials}.yaml")
-        return run_cli("launch", str(job), "--db", url, timeout=600)
+        return run_cli("launch", str(job), "--db", url, *extra, timeout=600)
 
-    first = launch(6)
+    first = launch(6, "--no-train")  # (the retrain at a launch's end would make a model)
     assert first.returncode == 0, first.stderr
     said = first.stdout + first.stderr
     assert "no trained cost model" in said and "TPE instead" in said
@@ -128,7 +128,7 @@ def test_sampler_model_falls_back_without_a_model_then_uses_the_trained_one(tmp_
     assert len(set(fresh)) == len(fresh) and not set(fresh) & seen
 
 
-def test_bad_model_options_and_unknown_devices_are_one_line_errors(capsys, tmp_path):
+def test_bad_model_options_are_one_line_errors(capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'gpu.db'}"
     odd = kernel_tuner_cache(tmp_path, "odd", device="Some Unknown GPU 9000")
     assert run_main(capsys, "import", "kernel-tuner", odd, "--db", url)[0] == 0
@@ -136,7 +136,5 @@ def test_bad_model_options_and_unknown_devices_are_one_line_errors(capsys, tmp_p
         before = database.row_counts()
     code, _, err = run_main(capsys, "model", "train", "--steps", "0", "--db", url)
     assert code == 2 and "--steps 0" in err and len(err.strip().splitlines()) == 1
-    code, _, err = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url)
-    assert code == 2 and "Some Unknown GPU 9000" in err and "speeds" in err
     with db.connect(url) as database:
         assert database.row_counts() == before and not db.models(database)

@@ -83,7 +83,7 @@ def test_every_entry_form_and_defaults(tmp_path: Path) -> None:
     assert len(i.build().ops_of("exp")) == 1
     # every other section at its default
     assert job.search.limits() == Limits()
-    assert (job.tuning.trials_per_structure, job.tuning.sampler) == (30, "tpe")
+    assert (job.tuning.trials_per_structure, job.tuning.sampler) == (30, "auto")
     assert job.tuning.time_budget_s is None and job.devices == ("cpu",)
     assert (job.cluster.address, job.cluster.workers) == (None, 1)
     assert job.database.url == "sqlite:///./tuner.db"

@@ -88,7 +88,9 @@ def _proposals(sampler: optuna.samplers.BaseSampler, task: StudyTask) -> list[di
 def test_a_job_file_names_each_sampler_and_the_launch_makes_it(name, database) -> None:
     sampler = _make(name, 3, database)
     assert isinstance(sampler, optuna.samplers.BaseSampler)
-    if SAMPLERS[name].model:  # the stored model ranks the space, not the fallback
+    if SAMPLERS[name].auto:  # the fixture's model has no held-out figure here: TPE
+        assert type(sampler).__name__ == "TPESampler"
+    elif SAMPLERS[name].model:  # the stored model ranks the space, not the fallback
         from tuner.samplers.model import ModelSampler
 
         assert isinstance(sampler, ModelSampler)
@@ -102,7 +104,7 @@ def test_each_sampler_proposes_only_configs_of_the_space(name, task, database) -
     for config in configs:
         assert set(config) == set(task.space.params)
         assert all(config[k] in task.space.params[k] for k in config), config
-    if SAMPLERS[name].model:  # it ranks legal configs only, and never repeats one
+    if SAMPLERS[name].model and not SAMPLERS[name].auto:  # legal configs only, no repeats
         assert all(task.space.check(c) is None for c in configs)
         assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
 

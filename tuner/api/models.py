@@ -26,6 +26,38 @@ def import_kernel_tuner(url: str | None, files: list[str]) -> Iterator[dict]:
             yield costmodel.import_kernel_tuner(database, path)
 
 
+def import_dataset(url: str | None, files: list[str]) -> Iterator[dict]:
+    """Import dataset files (``costmodel._dataset``'s format, or a ``benchmarks/sweep.py``
+    file), yielding each file's counts; every line of every file is checked before anything
+    is written, and importing again adds nothing."""
+    import costmodel
+    import db
+
+    read = []
+    for path in files:
+        try:
+            read.append((path, costmodel.read_dataset(path)))
+        except costmodel.DatasetFormatError as err:
+            raise InputError(f"{err}; nothing was imported") from None
+    with db.connect(url) as database:
+        for path, data in read:
+            yield {"file": path, **costmodel.import_dataset(database, data)}
+
+
+def export_dataset(url: str | None, path: str | None, device_prefix: str | None) -> dict:
+    """Append the database's measurements the dataset file lacks (default file:
+    ``benchmarks/data/dataset_<this cpu>.jsonl.gz``, default devices: ``cpu:``)."""
+    import costmodel
+    import db
+
+    target = path or str(costmodel.default_path())
+    try:
+        with db.connect(url, migrate_schema=False) as database:
+            return costmodel.export_dataset(database, target, device_prefix=device_prefix)
+    except costmodel.DatasetFormatError as err:
+        raise InputError(f"{err}; the file was left as it was") from None
+
+
 def _options(steps: int | None) -> dict:
     if steps is not None and steps < 1:
         raise InputError(f"--steps {steps}: give the number of training steps, >= 1")
@@ -80,10 +112,7 @@ def predict_configs(url: str | None, program: str, overrides: Mapping[str, Any] 
             raise InputError(f"no trained model for device {device_key!r}: run "
                              f"`tuner model train` first")
         model, record = found
-        try:
-            return record, _ranked(database, model, program, overrides, device_key)
-        except ValueError as err:  # a device the table does not know
-            raise InputError(str(err)) from None
+        return record, _ranked(database, model, program, overrides, device_key)
 
 
 def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any] | None,
@@ -95,7 +124,8 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
 
     from ..samplers.model import predicted_order
 
-    spec = costmodel.spec_for_key(device_key)
+    profile = costmodel.device_profile(device_key)  # a device the table lacks: its sibling's
+    spec = profile.spec
     out = []
     for s in _stored_structures(database, program, overrides):
         obj = s.structure
@@ -103,7 +133,8 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
             configs = db.structure_configs(database, s.id)
             kt = obj["kernel_tuner"]
             samples = [costmodel.featurize_params(c, kt["keys"], kt["problem_size"], spec,
-                                                  group="p", program="p", device=device_key)
+                                                  group="p", program="p", device=device_key,
+                                                  known_device=profile.known)
                        for c in configs]
             pred = model.predict(samples) if samples else []
             ranked = sorted(zip(configs, pred, strict=True), key=lambda x: x[1])
@@ -111,7 +142,7 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
             graph = from_obj(obj)
             space = config_space(graph, spec)
             legal = [c for c in space.configs() if space.check(c) is None][:4096]
-            ranked = predicted_order(model, graph, legal, spec)
+            ranked = predicted_order(model, graph, legal, spec, device_key)
         out += [{"structure": s.structure_hash, "config": c, "predicted_s": float(p)}
                 for c, p in ranked]
     return sorted(out, key=lambda r: r["predicted_s"])

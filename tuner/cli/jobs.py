@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the same job and database always continue where they stopped")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress, only the summary")
+    p.add_argument("--no-train", action="store_true",
+                   help="do not retrain the cost model at the end (docs/costmodel.md)")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("best", help="the best tuned kernel of a program, from the database")
@@ -85,6 +87,16 @@ def format_summary(result: LaunchResult) -> str:
         if r.uncertain:
             lines.append(f"UNCERTAIN best of {r.program} on {r.device_key}: {r.uncertain}; "
                          + SETTLE)
+    for sampler in sorted({(r.device_key, r.sampler) for r in result.reports if r.sampler}):
+        lines.append(f"sampler on {sampler[0]}: {sampler[1]}")
+    for t in result.trained:
+        if t.get("reason"):
+            lines.append(f"cost model for {t['device_key']}: not retrained ({t['reason']})")
+            continue
+        lines.append(f"cost model {t['model_id']} for {t['device_key']}: " + (
+            f"retrained on {t['rows']} measurements in {t['seconds']} s" + (
+                f", held-out tau {t['held_out_tau']:.2f}" if t["held_out_tau"] is not None
+                else "") if t["trained"] else "up to date"))
     word = "resumed" if result.resumed else "new"
     lines.append(f"job {result.job_key} ({word}) in {result.elapsed_s:.1f} s -> {result.url}")
     return "\n".join(lines)
@@ -98,7 +110,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not (args.quiet or args.json))
     try:
         result = JobRun(job, url, address=args.address, log=progress.log,
-                        progress=progress).run()
+                        progress=progress, train=not args.no_train).run()
     except KeyboardInterrupt:
         progress.close()
         print(f"tuner launch: interrupted; everything measured so far is in {url}. "

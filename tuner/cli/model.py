@@ -1,5 +1,6 @@
-"""``tuner import kernel-tuner`` and ``tuner model train | eval | predict | list``: the learned
-cost model's loop through the database (docs/costmodel.md)."""
+"""``tuner import kernel-tuner | dataset``, ``tuner export dataset`` and ``tuner model train |
+eval | predict | list``: the learned cost model's loop through the database
+(docs/costmodel.md)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
     q.add_argument("--json", action="store_true", help="print one JSON object per file")
     q.set_defaults(func=cmd_import_kernel_tuner)
+
+    q = isub.add_parser("dataset", help="dataset files (benchmarks/data/dataset_<cpu>.jsonl.gz, "
+                                        "or a benchmarks/sweep.py file): every measurement "
+                                        "in them; importing twice adds nothing")
+    q.add_argument("files", nargs="+", metavar="FILE")
+    q.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
+    q.add_argument("--json", action="store_true", help="print one JSON object per file")
+    q.set_defaults(func=cmd_import_dataset)
+
+    p = sub.add_parser("export", help="write the database's measurements to a file")
+    esub = p.add_subparsers(dest="export_kind", metavar="KIND", required=True)
+    q = esub.add_parser("dataset", help="append the measurements a dataset file lacks "
+                                        "(created when there is none)")
+    q.add_argument("file", nargs="?", metavar="FILE",
+                   help="default benchmarks/data/dataset_<this cpu>.jsonl.gz")
+    q.add_argument("--devices", default="cpu:", metavar="PREFIX",
+                   help="devices whose key starts with this (default cpu:; '' for all)")
+    q.add_argument("--db", metavar="URL", help=f"database URL (default {DEFAULT_URL})")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_export_dataset)
 
     p = sub.add_parser("model", help="the learned cost model: train, evaluate, predict")
     msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
@@ -78,9 +99,32 @@ def cmd_import_kernel_tuner(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_dataset(args: argparse.Namespace) -> int:
+    for out in models.import_dataset(args.db, args.files):
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(f"{out['file']}: {out['added']} of {out['measurements']} measurements added "
+                  f"({out['programs']} programs, {out['structures']} structures, devices "
+                  f"{', '.join(out['devices'])})")
+    return 0
+
+
+def cmd_export_dataset(args: argparse.Namespace) -> int:
+    out = models.export_dataset(args.db, args.file, args.devices or None)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{out['file']}: {out['added']} measurements appended, {out['measurements']} in "
+              f"all, {out['bytes'] / 1e6:.2f} MB (budget {out['budget_bytes'] / 1e6:.0f} MB)")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     out = models.train_model(args.db, device_key=args.device, kind=args.kind, force=args.force,
                              steps=args.steps, progress=None if args.json else _say)
+    for note in out.get("unknown_devices", []):
+        _say(note)
     if args.json:
         print(json.dumps(out, indent=2))
     elif not out["trained"]:
@@ -91,12 +135,17 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{out['rows']} measurements of {out['programs']} programs in {out['seconds']} s;"
               f" on its own rows tau {m['kendall_tau']:.3f}, MAPE {m['mape']:.3f} "
               f"(`tuner model eval` for held-out figures)")
+        for device, h in out.get("held_out", {}).items():
+            print(f"  held out 20% on {device}: tau {h.get('kendall_tau', float('nan')):.3f}, "
+                  f"MAPE {h.get('mape', float('nan')):.3f} ({h['n']} rows)")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     out = models.evaluate_model(args.db, args.split, device_key=args.device, steps=args.steps,
                                 progress=None if args.json else _say)
+    for note in out.get("unknown_devices", []):
+        _say(note)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -119,6 +168,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     record, rows = models.predict_configs(args.db, args.program, parse_pairs(args.set),
                                           args.device)
+    import costmodel
+
+    note = costmodel.device_profile(args.device).note
+    if note:
+        _say(note)
     rows = rows[:args.top]
     if args.json:
         print(json.dumps({"model_id": record.id, "kind": record.kind, "device": args.device,

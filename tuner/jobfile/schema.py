@@ -21,7 +21,7 @@ from search import (
     Program,
 )
 
-from ..samplers.registry import make_sampler
+from ..samplers.registry import DEFAULT_SAMPLER, make_sampler
 
 if TYPE_CHECKING:
     import optuna
@@ -85,7 +85,7 @@ class TuningSpec:
     time_budget_s: float | None = None
     trial_timeout_s: float = 60.0  # a candidate running longer is stopped: status timeout
     confirm: int = 3  # the fastest configs per program × device timed twice more (0: none)
-    sampler: str = "tpe"
+    sampler: str = DEFAULT_SAMPLER
     seed: int | None = None
 
     def make_sampler(self) -> optuna.samplers.BaseSampler:

@@ -27,6 +27,7 @@ from kernels import OK, RUNTIME_ERROR, ConfigSpace, DeviceSpec, ReplayDevice
 
 from ..formatting import ms
 from ..identity import space_identity
+from ..samplers.factory import sampler_factory
 from .base import ProgramPipeline
 from .report import ProgramReport
 from .tune import StudyRunner, StudyTask, study_name
@@ -68,18 +69,13 @@ def replay_device(space: KernelTunerSpace, source: str) -> ReplayDevice:
 
 
 def replay_spec(device: str) -> DeviceSpec:
-    """The device table's row for the GPU; a GPU not in the table gets the A100's row under
-    its own name (the replay study never estimates: a Kernel Tuner space has no µGraph, and
-    the spec is only carried along)."""
-    from dataclasses import replace
-
+    """The device table's row for the GPU, or its closest sibling's under its own name
+    (``costmodel.device_profile``; the replay study never estimates: a Kernel Tuner space has
+    no µGraph, and the spec is only carried along)."""
     from costmodel import spec_for_key
-    from kernels import get_spec
+    from kernels import replay_key
 
-    try:
-        return spec_for_key(device)
-    except ValueError:
-        return replace(get_spec("A100"), name=device)
+    return spec_for_key(replay_key(device))
 
 
 def replay_slots() -> tuple[int, dict[str, Any]]:
@@ -137,7 +133,10 @@ class RecordedSpacePipeline(ProgramPipeline):
         space, phash, program = self.entry.space, self.phash, self.program
         rep = ProgramReport(space.kernel, self.shapes, pool.key, structures_found=1)
         tuning = self.ctx.job.tuning
-        runner = ReplayStudyRunner(database, storage, tuning.make_sampler, pool,
+        factory = sampler_factory(tuning.sampler, tuning.seed, database, pool.key,
+                                  self.ctx.log)
+        rep.sampler = factory.chosen
+        runner = ReplayStudyRunner(database, storage, factory, pool,
                                    trials=tuning.trials_per_structure, seed=tuning.seed or 0,
                                    deadline=self.ctx.deadline(),
                                    timeout_s=tuning.trial_timeout_s or 60.0,

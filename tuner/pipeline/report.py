@@ -39,6 +39,7 @@ class ProgramReport:
     library: bool = False  # the library path (numpy / CuPy op by op) beat every tuned kernel
     tuned_s: float | None = None  # the fastest tuned kernel's confirmed time, for comparison
     uncertain: str | None = None  # why the stored best may not be the fastest (None: it is)
+    sampler: str = ""  # what tuned it and why (``tuner.samplers.factory``: auto's choice)
 
     @property
     def speedup(self) -> float | None:
@@ -67,7 +68,7 @@ class ProgramReport:
                 "shards_reused": self.shards_reused, "confirmed": self.confirmed,
                 "confirm_new": self.confirm_new, "best_first_s": self.best_first_s,
                 "library": self.library, "tuned_s": self.tuned_s,
-                "uncertain": self.uncertain}
+                "uncertain": self.uncertain, "sampler": self.sampler}
 
 
 @dataclass
@@ -80,8 +81,9 @@ class LaunchResult:
     url: str
     reports: list[ProgramReport]
     elapsed_s: float
+    trained: list[dict] = field(default_factory=list)  # the retrain at the end, per device
 
     def as_dict(self) -> dict:
         return {"job_id": self.job_id, "job_key": self.job_key, "resumed": self.resumed,
                 "database": self.url, "elapsed_s": round(self.elapsed_s, 3),
-                "programs": [r.as_dict() for r in self.reports]}
+                "programs": [r.as_dict() for r in self.reports], "trained": self.trained}

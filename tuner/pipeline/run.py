@@ -5,7 +5,10 @@ is searched, its verified structures stored and tuned on each device
 (``tuner.pipeline.ugraph``); a recorded Kernel Tuner space is tuned on the replay device
 (``tuner.pipeline.recorded``).  A launch killed anywhere and started again with the same job
 and database continues where it was; nothing measured is measured again.  The job file is
-validated, the devices checked and the database URL parsed before anything is written.
+validated, the devices checked and the database URL parsed before anything is written.  At
+its end the launch retrains the cost model of each device it measured on, within a small time
+budget (``retrain``; ``--no-train`` skips it), so the next launch's ``sampler: auto`` starts
+from what this one measured.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ PIPELINES: dict[str, type[ProgramPipeline]] = {
     "builtin": UGraphPipeline, "file": UGraphPipeline, "inline": UGraphPipeline,
     "kernel_tuner": RecordedSpacePipeline,
 }
+
+
+TRAIN_BUDGET_S = 30.0  # the retrain at the end of a launch: LightGBM stops boosting at this
+MIN_TRAIN_ROWS = 5  # fewer ok measurements of a device: nothing to learn from yet
 
 
 def pipeline_for(ctx: RunContext, entry: ProgramEntry) -> ProgramPipeline:
@@ -74,8 +81,10 @@ class JobRun:
 
     def __init__(self, job: JobSpec, url: str, *, address: str | None = None,
                  log: Callable[[str], None] | None = None,
-                 progress: ProgressSink | None = None) -> None:
+                 progress: ProgressSink | None = None, train: bool = True,
+                 train_budget_s: float = TRAIN_BUDGET_S) -> None:
         self.job, self.url = job, url
+        self.train, self.train_budget_s = train, train_budget_s
         self.address = address or job.cluster.address
         self.ctx = RunContext(job, log or (lambda _msg: None), progress)
 
@@ -111,12 +120,20 @@ class JobRun:
         how = f"resumed, attempt {record.attempts}" if record.resumed else "new"
         self.ctx.log(f"job {record.job_key} ({how}) -> {database!r}")
         status, reports, timings = "failed", [], {}
+        trained: list[dict] = []
         try:
             storage = optuna_storage(database)
             for entry in self.job.programs:
                 reports += pipeline_for(self.ctx, entry).run(database, record.id, storage,
                                                              pools, timings)
             status = "finished"
+            if self.train:
+                t0 = time.perf_counter()
+                trained = retrain(database, sorted({r.device_key for r in reports}),
+                                  self.train_budget_s, self.ctx.log)
+                timings["train_s"] = round(time.perf_counter() - t0, 3)
+            else:
+                self.ctx.log("cost model: not retrained (--no-train)")
         except KeyboardInterrupt:
             status = "interrupted"
             raise
@@ -127,7 +144,41 @@ class JobRun:
             finally:
                 database.close()
         return LaunchResult(record.id, record.job_key, record.resumed, self.url, reports,
-                            time.perf_counter() - start)
+                            time.perf_counter() - start, trained)
+
+
+def retrain(database: db.Database, device_keys: list[str], budget_s: float,
+            log: Callable[[str], None]) -> list[dict]:
+    """The launch's last step: for each device it measured on, a LightGBM model trained on
+    that device's measurements (incremental: none when nothing new was measured since the
+    newest model), boosting stopped at the time budget, its held-out figure stored with it
+    for the next launch's ``sampler: auto``.  A failure is said, never fatal: what the launch
+    measured is stored already."""
+    import costmodel
+
+    out = []
+    share = budget_s / max(1, len(device_keys))
+    for key in device_keys:
+        try:
+            res = costmodel.train(database, device_key=key, kind="gbdt",
+                                  options={"time_budget_s": share / 2},
+                                  min_rows=MIN_TRAIN_ROWS)
+        except ValueError as err:
+            log(f"cost model: not retrained for {key}: {err}")
+            out.append({"model_id": None, "device_key": key, "trained": False, "rows": None,
+                        "seconds": None, "held_out_tau": None, "reason": str(err)})
+            continue
+        if not res["trained"]:
+            log(f"cost model {res['model_id']} for {key}: up to date (nothing new measured)")
+        else:
+            tau = res["held_out"].get(key, {}).get("kendall_tau")
+            log(f"cost model {res['model_id']} (gbdt) retrained for {key} on {res['rows']} "
+                f"measurements in {res['seconds']} s"
+                + (f"; held-out tau {tau:.2f}" if tau is not None else ""))
+        out.append({k: res.get(k) for k in ("model_id", "device_key", "trained", "rows",
+                                            "seconds")}
+                   | {"held_out_tau": res.get("held_out", {}).get(key, {}).get("kendall_tau")})
+    return out
 
 
 def optuna_storage(database: db.Database) -> optuna.storages.RDBStorage:
@@ -146,10 +197,10 @@ def optuna_storage(database: db.Database) -> optuna.storages.RDBStorage:
 
 def launch(path: str | Path, *, db_url: str | None = None, address: str | None = None,
            resume: bool = False, log: Callable[[str], None] | None = None,
-           progress: ProgressSink | None = None) -> LaunchResult:
+           progress: ProgressSink | None = None, train: bool = True) -> LaunchResult:
     """Run the job file at ``path`` (see the module docstring); the Python face of
-    ``tuner launch``."""
+    ``tuner launch`` (``train`` False: ``--no-train``)."""
     job, url = prepare(path, db_url, resume, address)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    return JobRun(job, url, address=address, log=log, progress=progress).run()
+    return JobRun(job, url, address=address, log=log, progress=progress, train=train).run()
 

@@ -125,10 +125,11 @@ class UGraphPipeline(ProgramPipeline):
                             search_s=self.search_s, shards_reused=self.reused)
         t1 = time.perf_counter()
         rep.baseline_s = _baseline(pool, reference)
-        runner = StudyRunner(database, storage,
-                             sampler_factory(tuning.sampler, tuning.seed, database, pool.key,
-                                             self.ctx.log),
-                             pool, trials=tuning.trials_per_structure, seed=tuning.seed or 0,
+        factory = sampler_factory(tuning.sampler, tuning.seed, database, pool.key,
+                                  self.ctx.log)
+        rep.sampler = factory.chosen
+        runner = StudyRunner(database, storage, factory, pool,
+                             trials=tuning.trials_per_structure, seed=tuning.seed or 0,
                              deadline=self.ctx.deadline(),
                              timeout_s=tuning.trial_timeout_s or 60.0,
                              on_trial=self.ctx.trial_progress(program.name))

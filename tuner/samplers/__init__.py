@@ -2,6 +2,15 @@
 share (``registry``), a launch's factory (``factory``), and the cost model's sampler itself
 (``model``, imported on use: it pulls in numpy, Optuna and the cost model)."""
 
-from .registry import NOT_OFFERED, SAMPLERS, SamplerKind, make_sampler, unknown_sampler
+from .registry import (
+    AUTO_MIN_TAU,
+    DEFAULT_SAMPLER,
+    NOT_OFFERED,
+    SAMPLERS,
+    SamplerKind,
+    make_sampler,
+    unknown_sampler,
+)
 
-__all__ = ["NOT_OFFERED", "SAMPLERS", "SamplerKind", "make_sampler", "unknown_sampler"]
+__all__ = ["AUTO_MIN_TAU", "DEFAULT_SAMPLER", "NOT_OFFERED", "SAMPLERS", "SamplerKind",
+           "make_sampler", "unknown_sampler"]

@@ -1,32 +1,73 @@
-"""A launch's sampler for one device: the registry's kind, with the cost model found for it."""
+"""A launch's sampler for one device: the registry's kind, with the cost model found for it.
+
+``auto`` (the default) decides per device: the stored model when its held-out Kendall tau on
+that device (``costmodel.train`` measures it on rows it held out) is at least
+``AUTO_MIN_TAU``, TPE otherwise; ``model`` uses the stored model whatever its record.  Either
+way the choice is said in the log and kept on the factory (``chosen``) for the summary.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .registry import SAMPLERS, make_sampler
+from .registry import AUTO_MIN_TAU, SAMPLERS, make_sampler
 
 if TYPE_CHECKING:
     import db
 
 
+@dataclass
+class SamplerFactory:
+    """Makes a fresh sampler per study; ``chosen`` says which and why (one line)."""
+
+    make: Callable[[], Any]
+    chosen: str
+
+    def __call__(self) -> Any:
+        return self.make()
+
+
+def held_out_tau(record: Any, device_key: str) -> float | None:
+    """The stored model's held-out Kendall tau on ``device_key`` (None: never measured)."""
+    tau = (record.metrics.get("held_out") or {}).get(device_key, {}).get("kendall_tau")
+    return None if tau is None else float(tau)
+
+
 def sampler_factory(name: str, seed: int | None, database: db.Database, device_key: str,
-                    log: Callable[[str], None] = lambda _msg: None) -> Callable[[], Any]:
-    """What a launch's studies on ``device_key`` ask for a fresh sampler: for ``model``, the
-    cost model stored for the device (TPE, said in ``log``, where none is trained)."""
-    if not SAMPLERS[name].model:
-        return lambda: make_sampler(name, seed)
-    from costmodel import model_for
+                    log: Callable[[str], None] = lambda _msg: None) -> SamplerFactory:
+    """What a launch's studies on ``device_key`` ask for a fresh sampler (module docstring)."""
+    kind = SAMPLERS[name]
+    if not kind.model:
+        return SamplerFactory(lambda: make_sampler(name, seed), name)
+    from costmodel import device_profile, model_for
 
     from .model import ModelSampler
 
+    note = device_profile(device_key).note
+    if note:
+        log(note)
     found = model_for(database, device_key)
     if found is None:
-        log(f"sampler model: no trained cost model for {device_key} in the database "
-            "(`tuner model train`); tuning with TPE instead")
-        return lambda: make_sampler(name, seed)
+        why = (f"sampler {name}: no trained cost model for {device_key} in the database "
+               "(`tuner model train`); tuning with TPE instead")
+        log(why)
+        return SamplerFactory(lambda: make_sampler(name, seed), f"tpe (no cost model for "
+                              f"{device_key})")
     model, record = found
-    log(f"sampler model: cost model {record.id} ({record.kind}, trained on "
-        f"{record.trained_on.get('rows', '?')} measurements) ranks each space")
-    return lambda: ModelSampler(model, seed=seed or 0)
+    what = (f"cost model {record.id} ({record.kind}, trained on "
+            f"{record.trained_on.get('rows', '?')} measurements)")
+    if kind.auto:
+        tau = held_out_tau(record, device_key)
+        if tau is None or tau < AUTO_MIN_TAU:
+            figure = "no held-out figure on this device" if tau is None else \
+                f"held-out tau {tau:.2f} < {AUTO_MIN_TAU}"
+            log(f"sampler auto: TPE on {device_key}: {what} has {figure}")
+            return SamplerFactory(lambda: make_sampler(name, seed), f"tpe ({figure})")
+        log(f"sampler auto: {what} ranks each space on {device_key} (held-out tau {tau:.2f} "
+            f">= {AUTO_MIN_TAU})")
+        return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0),
+                              f"model {record.id} (held-out tau {tau:.2f})")
+    log(f"sampler model: {what} ranks each space")
+    return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0), f"model {record.id}")

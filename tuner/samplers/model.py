@@ -5,13 +5,17 @@ legal config of a structure's space (a seeded sample of ``candidates`` where the
 larger); the study measures the best-ranked config not tried yet, then corrects the ranking
 with what it measured — each measured config's error (log measured / predicted) is spread to
 the others, weighted by 2^-(parameters that differ) with a prior weight of one on the model —
-and repeats.  The AStitch default and its warm-start neighbours still go first (they are
+and repeats.  After 4, 8 and 16 measurements it also re-fits the model's view of the device
+from them (``CostModel.adapt``: which known devices' rankings the measured configs follow),
+so a device the model never saw is learned from its first few configs (few-shot).  A Kernel
+Tuner space (no µGraph) is predicted from its parameters.  The AStitch default and its warm-start neighbours still go first (they are
 enqueued trials, which Optuna hands out before asking a sampler).  benchmarks/strategies.py
 measures the same rule on real GPU spaces against Kernel Tuner's strategies.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Sequence
@@ -23,7 +27,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from costmodel import CostModel, featurize
+from costmodel import CostModel, Sample, device_profile, featurize, featurize_params
 
 from .registry import make_sampler
 
@@ -40,6 +44,8 @@ class ModelSampler(BaseSampler):
         self._predicted = np.zeros(0)
         self._codes = np.zeros((0, 0), np.int64)
         self._dists: dict[str, BaseDistribution] = {}
+        self._samples: list[Sample] = []
+        self._adapted_at = 0
 
     def bind(self, task: Any, codec: Any, dists: dict[str, BaseDistribution]) -> None:
         """Predict the candidates of ``task.space`` (a ``tuner.pipeline.tune.StudyTask``)."""
@@ -55,9 +61,22 @@ class ModelSampler(BaseSampler):
         if not configs:
             self._predicted = np.zeros(0)
             return
-        samples = [featurize(task.structure, c, task.spec, group=task.structure_hash,
-                             device=task.device_key) for c in configs]
-        self._predicted = np.log(np.maximum(self.model.predict(samples), 1e-12))
+        self.model = copy.copy(self.model)  # adapt() below learns this study's device only
+        self.model.offsets, self.model.mixes = dict(self.model.offsets), dict(self.model.mixes)
+        self._samples = study_samples(task, configs)
+        self._predicted = np.log(np.maximum(self.model.predict(self._samples), 1e-12))
+
+    ADAPT_AT = (4, 8, 16)  # measurements after which the device is re-learned from them
+
+    def _adapt(self, measured: list[tuple[int, float]]) -> None:
+        shots = []
+        for i, value in measured:
+            s = copy.copy(self._samples[i])
+            s.seconds = value
+            shots.append(s)
+        self.model.adapt(shots)
+        self._predicted = np.log(np.maximum(self.model.predict(self._samples), 1e-12))
+        self._adapted_at = len(measured)
 
     # -- Optuna's sampler interface ---------------------------------------------------------
 
@@ -70,18 +89,24 @@ class ModelSampler(BaseSampler):
         if not len(self._predicted):
             return {}
         tried = np.zeros(len(self._predicted), bool)
-        num = np.zeros(len(self._predicted))
-        den = np.ones(len(self._predicted))
+        measured: list[tuple[int, float]] = []
         for past in study.get_trials(deepcopy=False):
             i = self._index.get(tuple(past.params.get(n) for n in self._names))
             if i is None:
                 continue
             tried[i] = True
             if past.state == TrialState.COMPLETE and past.value and past.value > 0:
-                residual = math.log(past.value) - self._predicted[i]
-                weight = 2.0 ** -(self._codes != self._codes[i]).sum(1)
-                num += weight * residual
-                den += weight
+                measured.append((i, float(past.value)))
+        due = [k for k in self.ADAPT_AT if self._adapted_at < k <= len(measured)]
+        if due:
+            self._adapt(measured)
+        num = np.zeros(len(self._predicted))
+        den = np.ones(len(self._predicted))
+        for i, value in measured:
+            residual = math.log(value) - self._predicted[i]
+            weight = 2.0 ** -(self._codes != self._codes[i]).sum(1)
+            num += weight * residual
+            den += weight
         if tried.all():
             return {}
         score = np.where(tried, np.inf, self._predicted + num / den)
@@ -92,9 +117,26 @@ class ModelSampler(BaseSampler):
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
 
 
+def study_samples(task: Any, configs: Sequence[dict]) -> list[Sample]:
+    """The samples of a study's ``configs``: lowered µGraph configs, or a Kernel Tuner space's
+    parameters (``task.structure`` None), on the device as the cost model knows it."""
+    profile = device_profile(task.device_key)
+    kt = task.structure_obj.get("kernel_tuner") if task.structure is None else None
+    if kt is not None:
+        return [featurize_params(c, kt["keys"], kt["problem_size"], profile.spec,
+                                 group=task.structure_hash, program=task.program,
+                                 device=task.device_key, known_device=profile.known)
+                for c in configs]
+    return [featurize(task.structure, c, task.spec, group=task.structure_hash,
+                      program=task.program, device=task.device_key,
+                      known_device=profile.known) for c in configs]
+
+
 def predicted_order(model: CostModel, structure: Any, configs: Sequence[dict], spec: Any,
-                    ) -> list[tuple[dict, float]]:
+                    device_key: str = "") -> list[tuple[dict, float]]:
     """``configs`` with their predicted seconds, fastest first (``tuner model predict``)."""
-    samples = [featurize(structure, c, spec) for c in configs]
+    known = device_profile(device_key).known if device_key else True
+    samples = [featurize(structure, c, spec, device=device_key, known_device=known)
+               for c in configs]
     pred = model.predict(samples) if samples else np.zeros(0)
     return sorted(zip(configs, (float(p) for p in pred), strict=True), key=lambda x: x[1])

@@ -27,6 +27,7 @@ class SamplerKind:
     optuna_class: str  # the Optuna sampler made for it (``model``: its fallback)
     seeded: bool = True  # the same seed proposes the same configs in the same space
     model: bool = False  # ranks by the cost model stored for the device, where one is trained
+    auto: bool = False  # the model only where its held-out tau on the device clears AUTO_MIN_TAU
 
 
 SAMPLERS: dict[str, SamplerKind] = {k.name: k for k in (
@@ -37,7 +38,16 @@ SAMPLERS: dict[str, SamplerKind] = {k.name: k for k in (
     # model falls back to TPE, and the launch says so
     SamplerKind("model", "the stored cost model's ranking, corrected by each measurement",
                 "TPESampler", model=True),
+    # the default: ``model`` where the stored model has shown it ranks this device's configs
+    # (held-out Kendall tau >= AUTO_MIN_TAU, measured when it was trained), TPE otherwise
+    SamplerKind("auto", "the cost model where it has proven itself on the device, TPE "
+                "otherwise (the default)", "TPESampler", model=True, auto=True),
 )}
+DEFAULT_SAMPLER = "auto"
+# a model ranks a device well enough to tune with when its held-out tau there is at least
+# this: 3 of 4 pairs of configs in the right order (benchmarks/strategies.py: model-guided
+# tuning beat Kernel Tuner's strategies on GPUs where the ranking held at this level)
+AUTO_MIN_TAU = 0.5
 
 # names a user may try that are not offered, and why
 NOT_OFFERED = {
@@ -58,7 +68,7 @@ def unknown_sampler(name: str) -> str | None:
 
 
 def make_sampler(name: str, seed: int | None = None) -> optuna.samplers.BaseSampler:
-    """A fresh Optuna sampler of kind ``name`` (``model``: its TPE fallback)."""
+    """A fresh Optuna sampler of kind ``name`` (``model``, ``auto``: their TPE fallback)."""
     import optuna
 
     kind = SAMPLERS[name]

@@ -1,0 +1,90 @@
+"""A GPU the device table lacks (issue 20, item 1): a real Kernel Tuner cache renamed to an
+RTX 2080 Ti imports, trains, evaluates, predicts and tunes model-guided; each command says in
+one line what is unknown, none stops with an error."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from support import run_cli, run_main, shared_cache
+
+import costmodel
+import db
+
+REAL = shared_cache("convolution", "A4000")
+needs_cache = pytest.mark.skipif(not REAL.exists(), reason=f"no Kernel Tuner cache at {REAL}")
+GPU = "NVIDIA GeForce RTX 2080 Ti"
+KEY = f"replay:{GPU}"
+NOTE = "is not in kernels/hardware.py's table"
+
+
+def unknown_gpu_cache(tmp_path: Path, every: int = 8) -> Path:
+    """Every ``every``-th configuration of the A4000's real convolution cache, filed under a
+    GPU the device table does not list (as a user's own cache would be)."""
+    doc = json.loads(gzip.decompress(REAL.read_bytes()))
+    doc["device_name"] = GPU
+    doc["cache"] = dict(list(doc["cache"].items())[::every])
+    path = tmp_path / "RTX2080Ti.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return path
+
+
+def _notes(err: str) -> list[str]:
+    return [line for line in err.splitlines() if NOTE in line]
+
+
+def test_the_device_profile_of_an_unknown_gpu_is_its_closest_sibling() -> None:
+    known = costmodel.device_profile("replay:NVIDIA RTX A4000")
+    assert known.known and known.note is None
+    p = costmodel.device_profile(KEY)
+    assert not p.known and p.spec.kind == "cuda" and p.spec.name == GPU
+    assert p.sibling in ("RTX A4000", "RTX A6000")  # shares "RTX"
+    assert GPU in p.note and p.sibling in p.note
+    amd = costmodel.device_profile("replay:AMD Radeon RX 7900 XTX")
+    assert amd.spec.kind == "hip" and not amd.known
+    sm = costmodel.device_profile("cuda:NVIDIA GeForce RTX 3090:sm_86")
+    assert sm.spec.arch == "sm_86" and sm.sibling in ("RTX A4000", "RTX A6000")
+    # the features say which devices' speeds are guessed
+    a = costmodel.featurize_params({"x": 1}, ["x"], [8], p.spec, group="g", program="p",
+                                   device=KEY, known_device=False)
+    b = costmodel.featurize_params({"x": 1}, ["x"], [8], known.spec, group="g", program="p",
+                                   device=KEY)
+    assert a.graph[-1] == 1.0 and b.graph[-1] == 0.0
+
+
+@needs_cache
+def test_import_train_eval_predict_and_tune_on_a_gpu_the_table_lacks(capsys, tmp_path):
+    url = f"sqlite:///{tmp_path / 'any.db'}"
+    cache = unknown_gpu_cache(tmp_path)
+    code, out, err = run_main(capsys, "import", "kernel-tuner", str(cache), "--db", url, "--json")
+    assert code == 0, err
+    assert json.loads(out)["device_key"] == KEY
+    code, out, err = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url, "--json")
+    assert code == 0, err
+    trained = json.loads(out)
+    assert trained["trained"] and len(_notes(err)) == 1 and GPU in _notes(err)[0]
+    assert trained["held_out"][KEY]["kendall_tau"] > 0.5  # it learned this GPU from its data
+    code, out, err = run_main(capsys, "model", "eval", "--split", "random", "--steps", "30",
+                              "--db", url, "--json")
+    assert code == 0, err
+    assert len(_notes(err)) == 1 and json.loads(out)["baselines"]["gbdt"]["kendall_tau"] > 0.5
+    code, out, err = run_main(capsys, "model", "predict", "convolution_kernel", "--device", KEY,
+                              "--top", "3", "--db", url, "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["top"]) == 3 and len(_notes(err)) == 1
+    # a model-guided study of its space: the stored model ranks it, the launch says what is
+    # unknown in one line, and the studied configs are the file's
+    job = tmp_path / "job.yaml"
+    job.write_text(f"programs:\n  - kernel_tuner: {cache}\ndevices: [replay]\n"
+                   "tuning: {trials_per_structure: 12, seed: 0, sampler: model}\n")
+    run = run_cli("launch", str(job), "--db", url, "--no-train", timeout=600)
+    assert run.returncode == 0, run.stderr
+    said = run.stdout + run.stderr
+    assert len(_notes(said)) == 1
+    assert f"cost model {trained['model_id']} (gbdt" in said
+    assert f"sampler on {KEY}: model {trained['model_id']}" in run.stdout
+    with db.connect(url) as database:
+        assert len(db.models(database)) == 1  # --no-train: nothing retrained
