@@ -66,9 +66,10 @@ def heavy_ops(graph: KernelGraph) -> int:
 
 def needs_pieces(graph: KernelGraph, partition_above: int | None, min_heavy: int) -> bool:
     """Whether a program is searched in pieces: more than ``partition_above`` compute ops,
-    at least ``min_heavy`` of them matmuls or reductions (``Limits``)."""
-    return (partition_above is not None and len(compute_ops(graph)) > partition_above
-            and heavy_ops(graph) >= min_heavy)
+    and a matmul among them or at least ``min_heavy`` reductions (``Limits``)."""
+    ops = compute_ops(graph)
+    return (partition_above is not None and len(ops) > partition_above
+            and (any(op.kind == "matmul" for op in ops) or heavy_ops(graph) >= min_heavy))
 
 
 def plan_pieces(program: Program, max_piece_ops: int, max_outputs: int = 2) -> list[Piece]:

@@ -45,10 +45,10 @@ class Limits:
     # search.partition)
     partition_above: int | None = 7
     max_piece_ops: int = 4
-    # ... and only if at least this many of them are matmuls or reductions: pointwise ops fuse
-    # into one kernel's thread code and cost the search little, so a written-out LayerNorm
-    # (9 ops, 2 reductions) stays one kernel, while a norm + SwiGLU block (4 heavy) is cut
-    partition_min_heavy: int = 4
+    # ... unless it has no matmul and fewer than this many reductions: a norm written out
+    # (LayerNorm: 9 ops, 2 reductions, the rest pointwise) fuses into one kernel the search
+    # finds in seconds, and cutting it would cost two round trips through global memory
+    partition_min_heavy: int = 3
 
     def __post_init__(self) -> None:
         for name in (*self.kernel_ops, *self.block_ops):
