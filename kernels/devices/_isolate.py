@@ -112,6 +112,15 @@ def _storage(job: dict, n: int) -> list[str]:
     return storage
 
 
+def _save_arrays(jobdir: Path, spec: dict) -> None:
+    """A job's inputs and expected outputs as the files the worker loads (``in{i}``,
+    ``exp{i}``)."""
+    for i, a in enumerate(spec["inputs"]):
+        np.save(jobdir / f"in{i}.npy", np.ascontiguousarray(a))
+    for i, a in enumerate(spec["expected"]):
+        np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
+
+
 class IsolatedWorker:
     """One persistent worker process; run() jobs on it, it is replaced after a crash or hang.
 
@@ -240,10 +249,7 @@ class IsolatedWorker:
             jobdir = self._dir / f"job{self._jobs}"
             jobdir.mkdir()
             try:
-                for i, a in enumerate(spec["inputs"]):
-                    np.save(jobdir / f"in{i}.npy", np.ascontiguousarray(a))
-                for i, a in enumerate(spec["expected"]):
-                    np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
+                _save_arrays(jobdir, spec)
                 msg = {k: spec[k] for k in ("library", "output_shapes", "rtol", "atol",
                                             "timing", "output_fill", "storage")}
                 msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
@@ -261,10 +267,7 @@ class IsolatedWorker:
         jobdir = self._dir / f"job{self._jobs}"
         jobdir.mkdir()
         try:
-            for i, a in enumerate(spec["inputs"]):
-                np.save(jobdir / f"in{i}.npy", np.ascontiguousarray(a))
-            for i, a in enumerate(spec["expected"]):
-                np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
+            _save_arrays(jobdir, spec)
             msg = {k: spec[k] for k in ("library", "call", "args", "function", "output_shapes",
                                         "rtol", "atol", "timing", "output_fill",
                                         "storage")}
