@@ -213,6 +213,13 @@ class Tally:
     def per_hour(self) -> float:
         return self.new / self.elapsed_s * 3600 if self.elapsed_s > 0 else 0.0
 
+    def error(self, seed: int, err: Exception) -> None:
+        """Count and keep a program's failure (a bug in the pipeline), and say it."""
+        self.errors += 1
+        self.failures.append({"seed": seed, "error": f"{type(err).__name__}: {err}",
+                              "where": traceback.format_exc().splitlines()[-3:]})
+        print(self.line(seed, f"ERROR {type(err).__name__}: {err}"), file=sys.stderr, flush=True)
+
     def line(self, seed: int, what: str) -> str:
         return (f"[{self.elapsed_s / 60:5.1f} min] random_{seed}: {what} | programs "
                 f"{self.programs} (+{self.skipped} done before, {self.errors} errors)  "
@@ -348,11 +355,7 @@ def run_fast(args: argparse.Namespace) -> dict:
             except KeyboardInterrupt:
                 raise
             except Exception as err:  # a bug in the pipeline: record it, go on
-                tally.errors += 1
-                tally.failures.append({"seed": seed, "error": f"{type(err).__name__}: {err}",
-                                       "where": traceback.format_exc().splitlines()[-3:]})
-                print(tally.line(seed, f"ERROR {type(err).__name__}: {err}"),
-                      file=sys.stderr, flush=True)
+                tally.error(seed, err)
                 continue
             tally.found += found
             tally.tuned += tuned
@@ -388,11 +391,7 @@ def run_launch(args: argparse.Namespace) -> dict:
             except KeyboardInterrupt:
                 raise
             except Exception as err:  # a bug in the pipeline: record it, go on
-                tally.errors += 1
-                tally.failures.append({"seed": seed, "error": f"{type(err).__name__}: {err}",
-                                       "where": traceback.format_exc().splitlines()[-3:]})
-                print(tally.line(seed, f"ERROR {type(err).__name__}: {err}"),
-                      file=sys.stderr, flush=True)
+                tally.error(seed, err)
                 continue
             if time.time() >= deadline:  # the budget cut its tuning: resume it next run
                 with db.connect(args.db) as database:
