@@ -84,6 +84,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
+def _emit(args: argparse.Namespace, out: dict, line: str) -> None:
+    """One result: its JSON object with ``--json``, else the sentence for a person."""
+    print(json.dumps(out) if args.json else line)
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -91,32 +96,24 @@ def _say(message: str) -> None:
 def cmd_import_kernel_tuner(args: argparse.Namespace) -> int:
     for path, out in zip(args.files, models.import_kernel_tuner(args.db, args.files),
                          strict=True):
-        if args.json:
-            print(json.dumps(out))
-        else:
-            print(f"{path}: {out['kernel']} on {out['device_key']}: {out['added']} of "
-                  f"{out['configs']} configurations added ({out['ok']} ran)")
+        _emit(args, out, f"{path}: {out['kernel']} on {out['device_key']}: {out['added']} of "
+                         f"{out['configs']} configurations added ({out['ok']} ran)")
     return 0
 
 
 def cmd_import_dataset(args: argparse.Namespace) -> int:
     for out in models.import_dataset(args.db, args.files):
-        if args.json:
-            print(json.dumps(out))
-        else:
-            print(f"{out['file']}: {out['added']} of {out['measurements']} measurements added "
-                  f"({out['programs']} programs, {out['structures']} structures, devices "
-                  f"{', '.join(out['devices'])})")
+        _emit(args, out, f"{out['file']}: {out['added']} of {out['measurements']} measurements "
+                         f"added ({out['programs']} programs, {out['structures']} structures, "
+                         f"devices {', '.join(out['devices'])})")
     return 0
 
 
 def cmd_export_dataset(args: argparse.Namespace) -> int:
     out = models.export_dataset(args.db, args.file, args.devices or None)
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(f"{out['file']}: {out['added']} measurements appended, {out['measurements']} in "
-              f"all, {out['bytes'] / 1e6:.2f} MB (budget {out['budget_bytes'] / 1e6:.0f} MB)")
+    _emit(args, out, f"{out['file']}: {out['added']} measurements appended, {out['measurements']} "
+                     f"in all, {out['bytes'] / 1e6:.2f} MB (budget {out['budget_bytes'] / 1e6:.0f} "
+                     "MB)")
     return 0
 
 
