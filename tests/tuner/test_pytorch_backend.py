@@ -90,20 +90,84 @@ def test_half_blocks_fall_back_through_inductor(dtype: torch.dtype, url: str) ->
                                         ("residual_rmsnorm", torch.bfloat16)])
 def test_tuned_now_the_block_runs_as_kernels(name: str, dtype: torch.dtype, url: str) -> None:
     """tune="now" searches and tunes every captured region here, stores it, runs it as a
-    kernel; a second compile with the default tune="cached" finds the same programs and runs
-    them inside the graph Inductor compiles."""
+    kernel; a second compile with the default tune="cached" finds the same programs.  A graph
+    that is all kernels under no_grad is called directly (no AOT wrappers, no dispatcher).
+    (The race against PyTorch's ops is off: these kernels are asserted used, whatever a
+    loaded machine's timings say; test_a_kernel_slower_than_pytorch_is_not_used has it.)"""
     model, args = blocks.block(name, hidden=64, rows=4, dtype=dtype)
-    opts = {"db": url, "budget_s": 30, "trials": 4, "structures": 1, "fallback": "eager"}
+    opts = {"db": url, "budget_s": 30, "trials": 4, "structures": 1, "fallback": "eager",
+            "race": False}
     with torch.no_grad():
         compiled = tuner.compile(model, tune="now", **opts)
         _close(compiled(*args), model(*args), dtype)
     report = compiled.report()
     _assert_coverage(name, report)
     assert report.regions and not report.fallbacks, str(report)
-    with torch.no_grad():  # the kernels inside an Inductor-compiled graph this time
+    with torch.no_grad():
         again = tuner.compile(model, **{**opts, "fallback": "inductor"})
         _close(again(*args), model(*args), dtype)
     assert [r.program for r in again.report().kernels] == [r.program for r in report.kernels]
+    assert [g.path for g in again.report().graphs] == ["direct"], str(again.report())
+    assert "runs directly" in str(again.report())
+    other = blocks.block(name, hidden=64, rows=4, dtype=dtype, seed=1)[1]  # new inputs
+    with torch.no_grad():
+        _close(again(*other), model(*other), dtype)
+
+
+def test_under_autograd_the_kernels_stay_inside_aot(url: str) -> None:
+    """With gradients wanted the direct path is not taken: outputs and gradients equal
+    eager's (the forward graph's regions are other programs: they fall back or run as
+    ``tuner::kernel`` ops inside AOT-autograd's graph)."""
+    model, args = blocks.block("rmsnorm", hidden=64, rows=4)
+    x = args[0].clone().requires_grad_(True)
+    compiled = tuner.compile(model, db=url, fallback="eager", race=False)
+    got = compiled(x)
+    got.square().sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    want = model(x)
+    want.square().sum().backward()
+    _close(got.detach(), want.detach(), torch.float32)
+    _close(grad, x.grad, torch.float32)
+    assert all(g.path != "direct" for g in compiled.report().graphs), str(compiled.report())
+
+
+def test_a_graph_without_kernels_is_the_fallbacks_own(tmp_path: Path) -> None:
+    """Nothing to run as a kernel: the graph goes to Inductor as ``torch.compile`` would
+    give it (no AOT graph of ours around it), and the report says so."""
+    model, args = blocks.block("layernorm", hidden=64, rows=4)
+    with torch.no_grad():
+        compiled = tuner.compile(model, db=f"sqlite:///{tmp_path / 'e.db'}")
+        _close(compiled(*args), model(*args), torch.float32)
+    assert [g.path for g in compiled.report().graphs] == ["inductor"]
+    assert "runs through Inductor" in str(compiled.report())
+
+
+def test_a_kernel_slower_than_pytorch_is_not_used() -> None:
+    """The race before use: a region's ATen ops as a function equal the region, and a kernel
+    slower than them is refused, with both times in the reason."""
+    import time
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tuner.pytorch.backend import _race
+    from tuner.pytorch.race import region_function
+    from tuner.pytorch.regions import partition
+
+    x = torch.randn(4, 32)
+    gm = make_fx(lambda x: torch.exp(x * 2.0) + 1.0)(x)
+    (region,) = partition(gm.graph).regions
+    fn, inputs = region_function(region.nodes)
+    assert len(inputs) == 1
+    torch.testing.assert_close(fn(x)[0], torch.exp(x * 2.0) + 1.0)
+
+    def slow(*xs: object) -> None:  # a stand-in kernel that takes 2 ms
+        time.sleep(2e-3)
+
+    entry = tp.RegionReport("p", [], 2, "fallback")
+    why = _race(slow, region, [(4, 32)], "float32", entry)
+    assert why.startswith("PyTorch's own ops ran the region faster here"), why
+    assert entry.kernel_us is not None and entry.kernel_us >= 2000 > entry.torch_us
 
 
 def test_tune_job_writes_a_launchable_job(tmp_path: Path) -> None:
@@ -191,7 +255,7 @@ def test_a_kernel_that_fails_its_check_is_never_used(url: str) -> None:
     two, three = region(2.0), region(3.0)
     with torch.no_grad():
         compiled = tuner.compile(lambda x: torch.exp(x * 2.0), tune="now", db=url, budget_s=30,
-                                 trials=4, structures=1, fallback="eager")
+                                 trials=4, structures=1, fallback="eager", race=False)
         compiled(torch.randn(4, 32))
     assert compiled.report().kernels, str(compiled.report())
     kernel = tuner.load(program_of(two), device="cpu", url=url)  # type: ignore[arg-type]

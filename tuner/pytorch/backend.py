@@ -27,9 +27,11 @@ from search import KernelGraph, Program, ShapeError, structural_hash
 
 from ..mirage_compat import to_program
 from .aten import Emitted, op_name
+from .direct import direct_function, why_not_direct
 from .options import Options, make_options
 from .regions import Region, partition
 from .report import GraphReport, RegionReport, Report
+from .runtime import kernel_table
 
 log = logging.getLogger("tuner.pytorch")
 _LAST: list[Report] = [Report()]
@@ -48,6 +50,12 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
 
     opts = make_options(dict(options))
     _LAST[0] = opts.report
+    # no gradient wanted: the one ATen graph AOT hands over is the whole computation, and
+    # may be called without AOT's wrappers (Dynamo guards the grad mode and recompiles)
+    inference = not torch.is_grad_enabled() or not any(
+        getattr(x, "requires_grad", False) for x in (*gm.parameters(), *example_inputs))
+    plain = inference and not _mutates(gm) and not any(True for _ in gm.buffers())
+    seen: dict[str, Any] = {}
 
     def compile_aten(aten: torch.fx.GraphModule, inputs: list) -> Any:
         try:
@@ -56,10 +64,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
             graph_report = GraphReport(total=0, uncaptured=[
                 ("the whole graph", f"capture failed: {_one_line(err)}")])
         opts.report.graphs.append(graph_report)
-        line = graph_report.summary()
-        log.info(line)
-        if opts.verbose:
-            print(line, file=sys.stderr, flush=True)
+        seen.update(aten=aten, report=graph_report)
+        kernels = sum(r.status == "kernel" for r in graph_report.regions)
+        if plain and not kernels:  # Inductor (or eager) gets Dynamo's graph itself, below
+            return make_boxed_func(aten.forward)
+        if plain and not why_not_direct(aten, kernel_table()):
+            graph_report.path = "direct"
+            return make_boxed_func(aten.forward)
+        graph_report.path = opts.fallback
         if opts.fallback == "eager":
             return make_boxed_func(aten.forward)
         from torch._inductor.compile_fx import compile_fx
@@ -68,7 +80,44 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
         # are opaque custom ops there) and returns a function of the arguments themselves
         return make_boxed_func(compile_fx(aten, inputs))
 
-    return aot_autograd(fw_compiler=compile_aten)(gm, example_inputs)
+    compiled: Any = aot_autograd(fw_compiler=compile_aten)(gm, example_inputs)
+    report = seen.get("report")
+    if plain and report is not None and _flat_inputs(seen["aten"]) == len(example_inputs) + \
+            len(dict(gm.named_parameters(remove_duplicate=False))):
+        if report.path == "direct":
+            fn = direct_function(seen["aten"], kernel_table())
+            params = tuple(dict(gm.named_parameters(remove_duplicate=False)).values())
+            compiled = (lambda *args: fn(*params, *args)) if params else fn
+        elif not any(r.status == "kernel" for r in report.regions):
+            report.path = opts.fallback  # nothing of ours to run: the fallback's own compile
+            if opts.fallback == "eager":
+                compiled = gm.forward
+            else:
+                from torch._inductor.compile_fx import compile_fx
+
+                compiled = compile_fx(gm, example_inputs)
+    elif report is not None and report.path == "direct":
+        report.path = opts.fallback  # AOT changed the inputs: its wrappers stay
+    line = report.summary() if report is not None else "tuner: no graph captured"
+    log.info(line)
+    if opts.verbose:
+        print(line, file=sys.stderr, flush=True)
+    return compiled
+
+
+def _mutates(gm: torch.fx.GraphModule) -> bool:
+    """Whether Dynamo's graph writes into a tensor (an in-place op: AOT's wrappers copy the
+    result back into the input, which a direct call would not)."""
+    for n in gm.graph.nodes:
+        name = getattr(n.target, "__name__", str(n.target)) if n.op != "placeholder" else ""
+        if n.op in ("call_function", "call_method") and name.endswith("_") and \
+                not name.endswith("__"):
+            return True
+    return False
+
+
+def _flat_inputs(aten: torch.fx.GraphModule) -> int:
+    return sum(n.op == "placeholder" for n in aten.graph.nodes)
 
 
 def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
@@ -95,10 +144,13 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
             if kernel is not None and opts.check:
                 why = check_kernel(kernel, region.emitted)
                 kernel = kernel if not why else None
+            shapes = [tuple(region.emitted.graph.tensors[t].shape)
+                      for t in dict.fromkeys(t for _n, t in region.emitted.outputs)]
+            if kernel is not None and opts.race:
+                why = _race(kernel, region, shapes, program.dtype, entry)
+                kernel = kernel if not why else None
             if kernel is not None:
                 key = program.name
-                shapes = [tuple(region.emitted.graph.tensors[t].shape)
-                          for t in dict.fromkeys(t for _n, t in region.emitted.outputs)]
                 register_kernel(key, kernel, shapes,  # type: ignore[arg-type]
                                 program.dtype)
                 replace(gm, region.nodes, region.emitted, key, replaced)
@@ -108,6 +160,30 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
     if replaced:
         finish(gm)
     return report
+
+
+def _race(kernel: Any, region: Region, shapes: list, dtype: str, entry: RegionReport) -> str:
+    """Time the kernel against PyTorch's own ops for the region: '' when it is faster."""
+    from .direct import KernelCall
+    from .race import race
+
+    try:
+        tdtype = getattr(torch, dtype)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            ins = [torch.randn(s.shape).to(tdtype) for s in region.emitted.inputs]
+        call = KernelCall("race", kernel, shapes, tdtype).call if hasattr(kernel, "entry") \
+            else kernel
+        mine, theirs = race(call, ins, region.nodes)
+    except Exception as err:  # timing is advice: a region it cannot time keeps its kernel
+        log.debug("race of %s skipped: %s", entry.program, _one_line(err))
+        return ""
+    entry.kernel_us, entry.torch_us = mine * 1e6, theirs * 1e6
+    if mine < theirs:
+        return ""
+    return (f"PyTorch's own ops ran the region faster here ({theirs * 1e6:.1f} µs a call "
+            f"against the kernel's {mine * 1e6:.1f} µs)")
 
 
 def program_of(emitted: Emitted) -> Program:

@@ -25,6 +25,7 @@ class Options:
     fallback: str = "inductor"
     max_ops: int = 8  # the largest region handed to the search
     check: bool = True  # run each loaded kernel once against the float64 reference
+    race: bool = True  # time each kernel against PyTorch's ops for its region; keep the faster
     verbose: bool = False
     report: Report = field(default_factory=Report)
 

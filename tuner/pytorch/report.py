@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+_PATHS = {"direct": "directly (kernels called by address)",
+          "inductor": "through Inductor", "eager": "eagerly"}
+
 
 @dataclass
 class RegionReport:
@@ -14,6 +17,8 @@ class RegionReport:
     ops: int  # the program's compute ops
     status: str  # "kernel" | "fallback"
     reason: str = ""  # why it fell back
+    kernel_us: float | None = None  # the compile's race: the kernel's time a call
+    torch_us: float | None = None  # and PyTorch's own ops' for the region
 
 
 @dataclass
@@ -23,6 +28,9 @@ class GraphReport:
     total: int  # ATen compute ops (views, copies and getitem not counted)
     uncaptured: list[tuple[str, str]]  # (ATen op, why it is in no region)
     regions: list[RegionReport] = field(default_factory=list)
+    # how the graph runs: "direct" (kernels called by address, no AOT wrappers, no
+    # dispatcher), "inductor" or "eager" (the fallback, with kernels as tuner::kernel ops)
+    path: str = ""
 
     @property
     def captured(self) -> int:
@@ -32,7 +40,8 @@ class GraphReport:
         kernels = sum(r.status == "kernel" for r in self.regions)
         return (f"tuner: {self.captured} of {self.total} ATen ops captured into "
                 f"{len(self.regions)} program(s); {kernels} ran as kernels, "
-                f"{len(self.regions) - kernels} fell back")
+                f"{len(self.regions) - kernels} fell back"
+                + (f"; runs {_PATHS.get(self.path, self.path)}" if self.path else ""))
 
 
 @dataclass
@@ -67,9 +76,14 @@ class Report:
         lines = [f"tuner: {len(self.graphs)} graph(s), {self.captured} of {self.total} ATen ops "
                  f"captured into {len(self.regions)} program(s); {len(self.kernels)} ran as "
                  f"kernels, {len(self.fallbacks)} fell back"]
+        paths = [g.path for g in self.graphs if g.path]
+        if paths:
+            lines[0] += "; runs " + ", ".join(_PATHS.get(p, p) for p in paths)
         for r in self.regions:
             ops = ", ".join(o.split(".")[0] for o in r.aten_ops)
             what = "kernel" if r.status == "kernel" else f"fallback: {r.reason}"
+            if r.status == "kernel" and r.kernel_us is not None:
+                what += f" ({r.kernel_us:.1f} µs a call; PyTorch's ops {r.torch_us:.1f} µs)"
             lines.append(f"  {r.program} ({r.ops} ops: {ops}): {what}")
         for (op, why), n in Counter(self.uncaptured).items():
             lines.append(f"  not captured: {op} x{n}: {why}")

@@ -36,6 +36,11 @@ def register_kernel(key: str, kernel: Callable[..., list], out_shapes: list[tupl
                      getattr(torch, dtype))
 
 
+def kernel_table() -> dict[str, tuple[Callable[..., list], list[tuple[int, ...]], torch.dtype]]:
+    """key → (kernel, output shapes, dtype) of every kernel registered in this process."""
+    return _KERNELS
+
+
 def kernel_dtype(key: str) -> torch.dtype:
     """The dtype the kernel under ``key`` takes and gives."""
     return _KERNELS[key][2]
