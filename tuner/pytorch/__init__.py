@@ -27,7 +27,9 @@ class Compiled:
         self._report = Report()
         options = {**options, "report": self._report}
         make_options(dict(options))  # bad options fail here, not at the first call
-        self._fn = torch.compile(fn, backend=lambda gm, xs: backend(gm, xs, **options))
+        # one graph per shape: kernels are tuned at fixed shapes (a symbolic graph falls back)
+        self._fn = torch.compile(fn, backend=lambda gm, xs: backend(gm, xs, **options),
+                                 dynamic=False)
         self.__wrapped__ = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

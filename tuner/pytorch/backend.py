@@ -50,6 +50,17 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
 
     opts = make_options(dict(options))
     _LAST[0] = opts.report
+    if _symbolic(example_inputs):  # kernels are tuned at fixed shapes
+        report = GraphReport(total=0, uncaptured=[(
+            "the whole graph", "dynamic shapes (kernels are tuned at fixed shapes: compile "
+            "with dynamic=False, as tuner.compile does)")], path=opts.fallback)
+        opts.report.graphs.append(report)
+        log.info(report.summary())
+        if opts.fallback == "eager":
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
     # no gradient wanted: the one ATen graph AOT hands over is the whole computation, and
     # may be called without AOT's wrappers (Dynamo guards the grad mode and recompiles)
     inference = not torch.is_grad_enabled() or not any(
@@ -103,6 +114,15 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
     if opts.verbose:
         print(line, file=sys.stderr, flush=True)
     return compiled
+
+
+def _symbolic(example_inputs: list) -> bool:
+    """Whether Dynamo made any size symbolic (a graph for many shapes)."""
+    for x in example_inputs:
+        dims = x.shape if isinstance(x, torch.Tensor) else (x,)
+        if any(isinstance(d, torch.SymInt) for d in dims):
+            return True
+    return False
 
 
 def _mutates(gm: torch.fx.GraphModule) -> bool:
