@@ -222,7 +222,6 @@ class CpuKernel:
         self._fn.argtypes = [type(self._ins), type(self._outs)]
         self._fn.restype = None
         self._seen: list = [None] * (len(self._in_shapes) + len(self._out_shapes))
-        self._by_address = False
         self.warned = False
 
     def __call__(self, *inputs: Any, out: Any = None, outputs: Any = None) -> list:
@@ -239,8 +238,6 @@ class CpuKernel:
                 else list(out)
             if len(outs) != len(self._out_shapes):
                 raise ValueError(f"{self.plan.name}: out= needs {len(self._out_shapes)} arrays")
-        if self._by_address:
-            self._seen, self._by_address = [None] * len(self._seen), False
         keep = []  # what owns the memory (a converted copy) lives until the kernel returns
         for i, x in enumerate((*inputs, *outs)):
             shape, ptrs, j = (self._in_shapes[i], self._ins, i) if i < n else \
@@ -266,14 +263,14 @@ class CpuKernel:
         self._fn(self._ins, self._outs)
         return outs
 
-    def entry(self) -> tuple[Any, Any, Any]:
-        """(the compiled entry point, its input pointer array, its output pointer array): for
-        a caller that sets the addresses itself and calls ``fn(ins, outs)``, with C-contiguous
-        memory of the plan's (stored) shapes in its storage dtypes, checked by that caller
-        (nothing is checked here: the fast path of a caller whose inputs are fixed, such as
-        a guarded PyTorch graph).  The next ``__call__`` sets every address again."""
-        self._by_address = True
-        return self._fn, self._ins, self._outs
+    def entry(self) -> tuple[Any, type, type]:
+        """(the compiled entry point, the types of its input and output pointer arrays): for
+        a caller that calls ``fn(Ins(*addresses), Outs(*addresses))`` itself, with
+        C-contiguous memory of the plan's (stored) shapes in its storage dtypes, checked by
+        that caller (nothing is checked here: the fast path of a caller whose inputs are
+        fixed, such as a guarded PyTorch graph).  Arrays made per call keep concurrent calls
+        apart (``__call__``'s are shared, and ctypes releases the GIL in the kernel)."""
+        return self._fn, type(self._ins), type(self._outs)
 
 
 def _dtype_name(x: Any) -> str:

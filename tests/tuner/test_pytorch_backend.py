@@ -200,10 +200,23 @@ def test_the_backend_is_registered_as_tuner(tmp_path: Path) -> None:
     tp.register()
     model, args = blocks.block("rmsnorm", hidden=32, rows=2)
     with torch.no_grad():
-        compiled = torch.compile(model, backend="tuner",
+        compiled = torch.compile(model, backend="tuner", dynamic=False,
                                  options={"db": f"sqlite:///{tmp_path / 'x.db'}"})
         _close(compiled(*args), model(*args), torch.float32)
     assert tp.last_report().total > 0
+
+
+def test_a_graph_of_symbolic_shapes_falls_back_whole(tmp_path: Path) -> None:
+    """Kernels are tuned at fixed shapes: a graph Dynamo made for many shapes runs through
+    the fallback, and the report says why and what to do."""
+    tp.register()
+    model, args = blocks.block("rmsnorm", hidden=32, rows=3)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="tuner", dynamic=True,
+                                 options={"db": f"sqlite:///{tmp_path / 'x.db'}"})
+        _close(compiled(*args), model(*args), torch.float32)
+    (graph,) = tp.last_report().graphs
+    assert not graph.regions and "dynamic=False" in graph.uncaptured[0][1]
 
 
 def test_bad_options_are_refused_at_once() -> None:

@@ -51,11 +51,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
     opts = make_options(dict(options))
     _LAST[0] = opts.report
     if _symbolic(example_inputs):  # kernels are tuned at fixed shapes
-        report = GraphReport(total=0, uncaptured=[(
+        symbolic = GraphReport(total=0, uncaptured=[(
             "the whole graph", "dynamic shapes (kernels are tuned at fixed shapes: compile "
             "with dynamic=False, as tuner.compile does)")], path=opts.fallback)
-        opts.report.graphs.append(report)
-        log.info(report.summary())
+        opts.report.graphs.append(symbolic)
+        log.info(symbolic.summary())
         if opts.fallback == "eager":
             return gm.forward
         from torch._inductor.compile_fx import compile_fx
@@ -92,13 +92,19 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **options: Any) -> A
         return make_boxed_func(compile_fx(aten, inputs))
 
     compiled: Any = aot_autograd(fw_compiler=compile_aten)(gm, example_inputs)
-    report = seen.get("report")
+    report: GraphReport | None = seen.get("report")
     if plain and report is not None and _flat_inputs(seen["aten"]) == len(example_inputs) + \
             len(dict(gm.named_parameters(remove_duplicate=False))):
         if report.path == "direct":
-            fn = direct_function(seen["aten"], kernel_table())
-            params = tuple(dict(gm.named_parameters(remove_duplicate=False)).values())
-            compiled = (lambda *args: fn(*params, *args)) if params else fn
+            try:
+                fn = direct_function(seen["aten"], kernel_table())
+            except Exception as err:  # the graph still runs: its kernels as tuner::kernel ops
+                report.path = "eager"
+                log.warning("tuner: the direct call path failed (%s); the graph runs "
+                            "eagerly with its kernels", _one_line(err))
+            else:
+                params = tuple(dict(gm.named_parameters(remove_duplicate=False)).values())
+                compiled = (lambda *args: fn(*params, *args)) if params else fn
         elif not any(r.status == "kernel" for r in report.regions):
             report.path = opts.fallback  # nothing of ours to run: the fallback's own compile
             if opts.fallback == "eager":

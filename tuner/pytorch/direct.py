@@ -38,19 +38,23 @@ _PASSIVE = FREE_OPS | {"logical_not.default", "clone.default", "contiguous.defau
 
 class KernelCall:
     """One kernel called with its tensors' addresses, outputs allocated in fixed shapes: a
-    function written for its numbers of inputs and outputs (a loop costs a microsecond)."""
+    function written for its numbers of inputs and outputs (a loop costs a microsecond).
+    The pointer arrays are made per call: ctypes lets go of the GIL during the kernel, so
+    arrays shared between calls would let two threads overwrite each other's addresses."""
 
     def __init__(self, key: str, kernel: Any, shapes: list[tuple[int, ...]],
                  dtype: torch.dtype) -> None:
-        fn, ins, outs = kernel.entry()
-        n_in, n_out = len(ins), len(shapes)
+        fn, ins_type, outs_type = kernel.entry()
+        n_in, n_out = ins_type._length_, len(shapes)
         xs = ", ".join(f"x{i}" for i in range(n_in))
         lines = [f"def call({xs}):"]
         lines += [f"    y{j} = empty({shapes[j]!r}, dtype=dtype)" for j in range(n_out)]
-        lines += [f"    ins[{i}] = x{i}.data_ptr()" for i in range(n_in)]
-        lines += [f"    outs[{j}] = y{j}.data_ptr()" for j in range(n_out)]
-        lines += ["    fn(ins, outs)", f"    return [{', '.join(f'y{j}' for j in range(n_out))}]"]
-        scope = {"empty": torch.empty, "dtype": dtype, "fn": fn, "ins": ins, "outs": outs}
+        ptrs_in = ", ".join(f"x{i}.data_ptr()" for i in range(n_in))
+        ptrs_out = ", ".join(f"y{j}.data_ptr()" for j in range(n_out))
+        lines += [f"    fn(Ins({ptrs_in}), Outs({ptrs_out}))",
+                  f"    return [{', '.join(f'y{j}' for j in range(n_out))}]"]
+        scope = {"empty": torch.empty, "dtype": dtype, "fn": fn, "Ins": ins_type,
+                 "Outs": outs_type}
         exec("\n".join(lines), scope)  # noqa: S102 - our own text, numbers only
         self.call = scope["call"]
         # FX names the node after it and keeps it in the generated code's globals
