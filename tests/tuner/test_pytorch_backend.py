@@ -274,3 +274,23 @@ def test_a_kernel_that_fails_its_check_is_never_used(url: str) -> None:
     kernel = tuner.load(program_of(two), device="cpu", url=url)  # type: ignore[arg-type]
     assert check_kernel(kernel, two) == ""  # type: ignore[arg-type]
     assert "failed its check" in check_kernel(kernel, three)  # type: ignore[arg-type]
+
+
+def test_tuner_compile_gives_each_shape_its_graph_and_keeps_hooks(tmp_path: Path) -> None:
+    """tuner.compile calls a module's forward under Dynamo, but a forward hook added later
+    still runs; a second and third shape get static graphs of their own (never the
+    symbolic graph Dynamo would make on its own, which could not use a kernel)."""
+    model, _args = blocks.block("rmsnorm", hidden=32, rows=2)
+    compiled = tuner.compile(model, db=f"sqlite:///{tmp_path / 'h.db'}", fallback="eager")
+    with torch.no_grad():
+        for rows in (2, 3, 5, 2):
+            x = torch.randn(1, rows, 32)
+            _close(compiled(x), model(x), torch.float32)
+        seen: list = []
+        handle = model.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        _close(compiled(x), model(x), torch.float32)
+        handle.remove()
+    assert len(seen) == 2  # the compiled call and the eager one
+    graphs = compiled.report().graphs
+    assert all(not g.uncaptured for g in graphs), str(compiled.report())
+    assert len(graphs) >= 3
