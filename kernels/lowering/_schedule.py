@@ -28,6 +28,7 @@ MATMUL_TILE_ROWS = (8, 6, 4, 3, 2)  # rows per register tile, largest dividing t
 # first (every row of a tile shares one pass over B: gated_mlp's 8 rows in one tile, not two
 # of 4, read each 64 MB weight from memory once: 10.0 -> 8.9 ms one thread, 4.7 -> 3.5 ms two)
 TILE_ROWS_16_REGS = 6  # rows of a register tile where the ISA has 16 vector registers
+TILE_ROWS_TRANSPOSED = 4  # rows of a transposed-B tile: 4 x TUNER_CT accumulators, a + b loads
 MATMUL_ROW_MAX = 4096  # widest row a matmul is computed in by rows (a local array per row)
 
 
@@ -55,7 +56,9 @@ def schedule(kernel: Kernel, plan: KernelPlan, spec: DeviceSpec,
         lp.tree_sum = bool(lp.reductions) and not lp.chunked and width <= TREE_SUM_MAX_COLS
         if lp.tile_rows:
             for st in lp.col:
-                if isinstance(st, Let) and st.op == "matmul":
+                if isinstance(st, Let) and st.op == "matmul" and _transposed_b(st):
+                    st.attrs["transposed_b"] = True  # dot products along k, no prefetch, no pack
+                elif isinstance(st, Let) and st.op == "matmul":
                     st.attrs["prefetch"] = _matmul_prefetch(lp, st, kernel, plan, spec)
                     st.attrs["pack"] = _packs_b(lp, st, spec, width)
 
@@ -159,11 +162,18 @@ def _tile_rows(lp: Loop, width: int, spec: DeviceSpec, most: int | None, k: Kern
     mms = [st for st in lp.col if isinstance(st, Let) and st.op == "matmul"]
     if not mms or lp.chunked or width > MATMUL_ROW_MAX:
         return 0
-    if any(st.access[1].col != 1 or st.access[1].col_index or
-           (st.access[1].rows and st.access[1].rows[-1]) for st in mms):
-        return 0
     inner = lp.shape[-2] if len(lp.shape) > 1 else 1
     if most is not None and most <= 0:
+        return 0
+    if all(_transposed_b(st) for st in mms):
+        # B stored transposed: tiles of up to TILE_ROWS_TRANSPOSED rows x TUNER_CT columns
+        cap = min(TILE_ROWS_TRANSPOSED, most or TILE_ROWS_TRANSPOSED)
+        if _may_leave_remainder(lp, mms, inner):  # 5 rows: a tile of 4 and one of 1
+            return min(cap, lp.rows)
+        return next((t for t in MATMUL_TILE_ROWS if inner % t == 0 and t <= min(lp.rows, cap)),
+                    1)
+    if any(st.access[1].col != 1 or st.access[1].col_index or
+           (st.access[1].rows and st.access[1].rows[-1]) for st in mms):
         return 0
     b_bytes = max(st.attrs["k"] for st in mms) * width * 4
     cached = b_bytes <= spec.l1_bytes or (b_bytes <= spec.l2_bytes // 2 and not any(
@@ -175,6 +185,17 @@ def _tile_rows(lp: Loop, width: int, spec: DeviceSpec, most: int | None, k: Kern
     if most is not None:
         cap = min(cap, most)
     return next((t for t in MATMUL_TILE_ROWS if inner % t == 0 and t <= min(lp.rows, cap)), 1)
+
+
+def _transposed_b(st: Let) -> bool:
+    """Whether a matmul reads B stored transposed (a Linear's weight, ``X @ W.t()``) with A's
+    rows and B's stored rows both contiguous along k: then the register tile is a block of
+    dot products along k (``mm_rows_t``), which reads W once at memory speed where a walk
+    down B's columns reads one float per cache line.  A decode-shape Linear, 4 rows x 1024 x
+    2048 on a Zen 4 core: the row-by-row loop took 1.9 ms, PyTorch's MKL 0.6 ms."""
+    a, b = st.access
+    return a.red == 1 and b.red == 1 and b.col > 1 and not b.col_index and \
+        not a.col_index and not (b.rows and b.rows[-1])
 
 
 def _may_leave_remainder(lp: Loop, mms: list[Let], inner: int) -> bool:

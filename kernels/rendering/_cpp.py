@@ -8,7 +8,15 @@ from dataclasses import replace
 
 from kernels.lowering import Kernel, KernelPlan, Let, Loop, Store
 
-from ._cpp_prelude import CPP_TYPES, EXP_F, HALF, LANE_SUM, MATMUL_REGISTER_TILES, STREAM_ROW
+from ._cpp_prelude import (
+    CPP_TYPES,
+    EXP_F,
+    HALF,
+    LANE_SUM,
+    MATMUL_REGISTER_TILES,
+    MATMUL_TRANSPOSED_TILES,
+    STREAM_ROW,
+)
 from ._cstyle import CStyle, _indent, _sum_lines
 
 PREFETCH_AHEAD = 2048  # floats: how far ahead a row loop prefetches its inputs' rows
@@ -22,10 +30,13 @@ class CppDialect(CStyle):
     _streamed = False  # this work item streamed output rows (a fence ends it)
 
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
-        stream = [STREAM_ROW] if any(lp.stream for p in plans for k in p.kernels
-                                     for ph in k.phases for lp in ph.loops) else []
+        loops = [lp for p in plans for k in p.kernels for ph in k.phases for lp in ph.loops]
+        stream = [STREAM_ROW] if any(lp.stream for lp in loops) else []
+        transposed = [MATMUL_TRANSPOSED_TILES] if any(
+            isinstance(st, Let) and st.attrs.get("transposed_b") for lp in loops
+            for st in lp.col) else []
         return ["#include <math.h>", "#include <stdlib.h>", "#include <string.h>", EXP_F, HALF,
-                MATMUL_REGISTER_TILES, LANE_SUM, *stream, *super().prelude(plans)]
+                MATMUL_REGISTER_TILES, LANE_SUM, *transposed, *stream, *super().prelude(plans)]
 
     def threads(self, k: Kernel) -> int:
         return 1
@@ -101,14 +112,20 @@ class CppDialect(CStyle):
 
     def matmul_tiles(self, lp: Loop, rows: int, width: int, count: str) -> list[str]:
         coords = [f"i{d}" for d in range(len(lp.shape) - 1)]
-        call = f"mm_rows<{rows}>(" if count == str(rows) else f"mm_rows_n<{rows}>({count}, "
         out = []
         for st in (s for s in lp.col if isinstance(s, Let) and s.op == "matmul"):
+            bt = st.attrs.get("transposed_b")
+            name = "mm_rows_t" if bt else "mm_rows"
+            call = f"{name}<{rows}>(" if count == str(rows) else f"{name}_n<{rows}>({count}, "
+            ldb = st.access[1].col  # a transposed B: its columns are its stored rows
             a, b = (replace(x, col=0) for x in st.access)
             arr = f"m_{st.var}"
             self._mm_index[st.var] = f"{arr}[(r - r0) * {width} + c]"
             b_tile, b_stride = (f"pk_{st.var}", width) if st.attrs.get("pack") else \
                 (f"{b.view} + {self._index(b, coords)}", b.red)
+            args = f"a_rows, {b_tile}, {ldb}, {st.attrs['k']}, {width}, {arr});" if bt else \
+                (f"a_rows, {a.red}, {b_tile}, {b_stride}, {st.attrs['k']}, {width}, "
+                 f"{arr}, {_prefetch(st)});")
             out += [f"// {st.comment} ({rows} row(s) x {width} in registers, k = "
                     f"{st.attrs['k']})",
                     f"alignas(64) float {arr}[{rows * width}];", "{",
@@ -117,9 +134,7 @@ class CppDialect(CStyle):
                     *_indent(self.coord_lines(lp), "    "),
                     f"    a_rows[r - r0] = {a.view} + {self._index(a, coords)};", "  }",
                     "  const int r = r0;", *_indent(self.coord_lines(lp)),
-                    f"  {call}a_rows, {a.red}, {b_tile}, {b_stride}, {st.attrs['k']}, {width}, "
-                    f"{arr}, {_prefetch(st)});",
-                    "}"]
+                    f"  {call}{args}", "}"]
         return out
 
     def _ctype_of(self, view: str) -> str:

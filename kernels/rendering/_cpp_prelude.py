@@ -184,6 +184,67 @@ static inline float lane_sum(const float* p) {
 #endif
   return (c[0] + c[2]) + (c[1] + c[3]);
 }"""
+# the register tiles of a matmul whose B is stored transposed (a Linear's weight, [N, K] in
+# memory): mm_rows_t<R>, printed after LANE_SUM, which it ends each dot product with
+MATMUL_TRANSPOSED_TILES = """// TUNER_CT: columns per transposed tile (rows of the stored B), R x CT accumulators: 4 x 4 of
+// the 32 AVX-512 registers with 4 + 4 loads, 4 x 2 of 16 otherwise
+#if defined(__AVX512F__)
+#define TUNER_CT 4
+#elif defined(__AVX__)
+#define TUNER_CT 2
+#else
+#define TUNER_CT 1
+#endif
+template <int R, int CT, typename TA, typename TB>
+static inline void mm_tile_t(const TA* const* a, const TB* __restrict__ b, const long ldb,
+                             const int kn, float* __restrict__ m, const int ldm, const int c0) {
+  // m[q * ldm + c0 + j] = sum_k a[q][k] * b[(c0 + j) * ldb + k] for q < R, j < CT: both
+  // operands run along k in memory, so a dot product per (row, column) in vector lanes,
+  // summed across the lanes once at the end; every element of B is loaded once per tile
+  // of rows (a decode-shape X @ W.t() reads W once: a GEMV at memory speed)
+  tuner_vf acc[R][CT];
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < CT; ++j) acc[q][j] = tuner_vf{};
+  int k = 0;
+  for (; k + TUNER_VL <= kn; k += TUNER_VL) {
+    tuner_vf bv[CT];
+#pragma GCC unroll 8
+    for (int j = 0; j < CT; ++j) bv[j] = load_vf(b + (c0 + j) * ldb + k);
+#pragma GCC unroll 8
+    for (int q = 0; q < R; ++q) {
+      const tuner_vf av = load_vf(a[q] + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < CT; ++j) acc[q][j] += av * bv[j];
+    }
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < CT; ++j) {
+      alignas(64) float lanes[TUNER_VL];
+      memcpy(lanes, &acc[q][j], sizeof lanes);
+      float s = lane_sum(lanes);
+      for (int kk = k; kk < kn; ++kk) s += to_f(a[q][kk]) * to_f(b[(c0 + j) * ldb + kk]);
+      m[q * ldm + c0 + j] = s;
+    }
+}
+template <int R, typename TA, typename TB>
+static inline void mm_rows_t(const TA* const* a, const TB* __restrict__ b, const long ldb,
+                             const int kn, const int n, float* __restrict__ m) {
+  // m[q * n + c] = sum_k a[q][k] * b[c * ldb + k] for q < R, c < n
+  int c = 0;
+  for (; c + TUNER_CT <= n; c += TUNER_CT) mm_tile_t<R, TUNER_CT>(a, b, ldb, kn, m, n, c);
+  for (; c < n; ++c) mm_tile_t<R, 1>(a, b, ldb, kn, m, n, c);
+}
+template <int R, typename TA, typename TB>
+static inline void mm_rows_t_n(const int nr, const TA* const* a, const TB* __restrict__ b,
+                               const long ldb, const int kn, const int n, float* __restrict__ m) {
+  // the first nr <= R rows (the shorter last tile)
+  if (nr >= R) mm_rows_t<R>(a, b, ldb, kn, n, m);
+  else if constexpr (R > 1) mm_rows_t_n<R - 1>(nr, a, b, ldb, kn, n, m);
+}"""
 STREAM_ROW = """#include <stdint.h>
 #if defined(__SSE2__)
 #include <immintrin.h>
