@@ -106,6 +106,10 @@ class Emitter:
     graph: KernelGraph = field(default_factory=KernelGraph)
     env: dict = field(default_factory=dict)
     inputs: list[InputSpec] = field(default_factory=list)
+    # outside transposes of outside tensors that reach only matmuls' right operands through
+    # the region's own views (attention's ``k.transpose(-2, -1)`` expanded and viewed for a
+    # bmm): read through their storage, not copied
+    read_through: set = field(default_factory=set)
     _input_ids: dict = field(default_factory=dict)
 
     def op(self, kind: str, *args: Any, **attrs: Any) -> Any:
@@ -131,11 +135,15 @@ class Emitter:
         return self._input_ids[key]
 
     def t(self, arg: Any) -> Any:
-        """An operand: a member's value, or the canonical view of an outside tensor."""
+        """An operand: a member's value, or the canonical view of an outside tensor (read
+        through, transposed, where it is a matmul's right operand: ``read_through``)."""
         if not is_node(arg):
             raise Unsupported(f"a constant operand {arg!r} where a tensor is expected")
         if arg in self.members:
             return self.env[arg]
+        if arg in self.read_through:
+            src = arg.args[0]
+            return self.new_input(src, canon(meta(src).shape, self.mode), "transposed")
         v = meta(arg)
         if not hasattr(v, "dtype") or not v.dtype.is_floating_point:
             raise Unsupported(f"input {arg.name} is not a floating-point tensor")
@@ -383,9 +391,28 @@ def emit_region(nodes: Sequence[Any], dtype: str) -> Emitted:
     raise error
 
 
+def _read_through(nodes: Sequence[Any], mode: str) -> set:
+    """The outside transposes of outside tensors whose only use is a chain of the region's
+    identity views ending as a matmul's right operand (``Emitter.read_through``)."""
+    if not has_layout():
+        return set()
+    members, out = set(nodes), set()
+    for n in nodes:
+        if op_name(n) not in ("mm.default", "bmm.default", "matmul.default"):
+            continue
+        x = n.args[1]
+        while x in members and op_name(x) in _VIEWS and len(x.users) == 1 and \
+                canon(meta(x.args[0]).shape, mode) == canon(meta(x).shape, mode):
+            x = x.args[0]
+        if x not in members and is_node(x) and len(x.users) == 1 and _swaps_last_two(x) \
+                and is_node(x.args[0]) and x.args[0] not in members and x is not n.args[1]:
+            out.add(x)
+    return out
+
+
 def _emit(nodes: Sequence[Any], dtype: str, mode: str) -> Emitted:
     members = set(nodes)
-    em = Emitter(members, mode, dtype)
+    em = Emitter(members, mode, dtype, read_through=_read_through(nodes, mode))
     for node in nodes:
         em.emit(node)
     outputs: list[tuple[Any, int]] = []
