@@ -160,29 +160,33 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
         except (ShapeError, ValueError) as err:
             programs.append((region, None, _one_line(err)))
     found = _kernels([p for _r, p, _e in programs if p is not None], opts)
-    replaced: dict = {}
+    # every kernel is checked and raced before any region is replaced: a later region's
+    # inputs may be an earlier one's outputs, whose replacements carry no example values
+    chosen = []
     for region, program, error in programs:
         ops = [op_name(n) for n in region.nodes]
         name = program.name if program is not None else "-"
         entry = RegionReport(name, ops, region.emitted.ops, "fallback", error)
-        if program is not None:
-            kernel, why = found.get(program.name, (None, "not looked up"))
-            if kernel is not None and opts.check:
-                why = check_kernel(kernel, region.emitted)
-                kernel = kernel if not why else None
-            shapes = [tuple(region.emitted.graph.tensors[t].shape)
-                      for t in dict.fromkeys(t for _n, t in region.emitted.outputs)]
-            if kernel is not None and opts.race:
-                why = _race(kernel, region, shapes, program.dtype, entry)
-                kernel = kernel if not why else None
-            if kernel is not None:
-                key = program.name
-                register_kernel(key, kernel, shapes,  # type: ignore[arg-type]
-                                program.dtype)
-                replace(gm, region.nodes, region.emitted, key, replaced)
-                entry.status, why = "kernel", ""
-            entry.reason = why
         report.regions.append(entry)
+        if program is None:
+            continue
+        kernel, why = found.get(program.name, (None, "not looked up"))
+        if kernel is not None and opts.check:
+            why = check_kernel(kernel, region.emitted)
+            kernel = kernel if not why else None
+        shapes = [tuple(region.emitted.graph.tensors[t].shape)
+                  for t in dict.fromkeys(t for _n, t in region.emitted.outputs)]
+        if kernel is not None and opts.race:
+            why = _race(kernel, region, shapes, program.dtype, entry)
+            kernel = kernel if not why else None
+        entry.reason = why
+        if kernel is not None:
+            chosen.append((region, program, kernel, shapes, entry))
+    replaced: dict = {}
+    for region, program, kernel, shapes, entry in chosen:
+        register_kernel(program.name, kernel, shapes, program.dtype)
+        replace(gm, region.nodes, region.emitted, program.name, replaced)
+        entry.status, entry.reason = "kernel", ""
     if replaced:
         finish(gm)
     return report

@@ -46,10 +46,15 @@ def example(node: Any, gen: torch.Generator) -> Any:
     v = meta(node)
     if not isinstance(v, torch.Tensor):
         return v
-    t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype)
+    size = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True) if n > 0)
     if v.dtype.is_floating_point:
-        return t.normal_(generator=gen)
-    return t.random_(0, 2, generator=gen) if v.dtype == torch.bool else t.zero_()
+        base = torch.randn(size, generator=gen).to(v.dtype)
+    elif v.dtype == torch.bool:
+        base = torch.randint(0, 2, (size,), generator=gen).bool()
+    else:
+        base = torch.zeros(size, dtype=v.dtype)
+    # the same strides, broadcast (stride-0) dims included: an expanded view stays one
+    return base.as_strided(tuple(v.shape), tuple(v.stride()))
 
 
 def per_call(fn: Callable[..., Any], args: list, calls: int) -> float:
