@@ -184,7 +184,7 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
             chosen.append((region, program, kernel, shapes, entry))
     replaced: dict = {}
     for region, program, kernel, shapes, entry in chosen:
-        register_kernel(program.name, kernel, shapes, program.dtype)
+        register_kernel(program.name, kernel, shapes, program.dtype)  # type: ignore[arg-type]
         replace(gm, region.nodes, region.emitted, program.name, replaced)
         entry.status, entry.reason = "kernel", ""
     if replaced:
