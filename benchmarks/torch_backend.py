@@ -13,9 +13,9 @@ interleaved round robin, ``--calls`` calls per round, ``--rounds`` rounds; the t
 each one's median per-call time, the tuner's speedup over Inductor, the share of the block's
 ATen ops the tuner ran as kernels, and the geometric mean of the speedups.  The tuner is timed
 two ways: ``tuner.compile(model)`` (which compiles the module's bound ``forward``, skipping
-``nn.Module.__call__``'s machinery under Dynamo) and ``torch.compile(model, backend="tuner",
-dynamic=False)`` (the registered backend, called exactly as Inductor is): the second column
-shows what the kernels and the call path win on their own.  Under load (other
+``nn.Module.__call__``'s machinery under Dynamo) and ``torch.compile(model, backend="tuner")``
+(the registered backend, compiled and called exactly as Inductor is, one shape): the second
+column shows what the kernels and the call path win on their own.  Under load (other
 processes on the cores) the ratios of interleaved runs are what to read, not the times.
 """
 
@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                  budget_s=a.budget, trials=8, structures=2)
             want = model(*args)
             tuner.pytorch.register()
-            backend = torch.compile(model, backend="tuner", dynamic=False,
-                                    options={"db": a.db})
+            backend = torch.compile(model, backend="tuner", options={"db": a.db})
             for fn in (inductor, ours, backend):  # compile (and tune) before any timing
                 got = fn(*args)
                 for g, w in zip(got if isinstance(got, tuple) else (got,),
