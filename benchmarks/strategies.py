@@ -1,8 +1,13 @@
 """Search strategies on real GPU spaces, side by side with Kernel Tuner's own.
 
     .venv/bin/python benchmarks/strategies.py [--caches DIR] [--spaces convolution,dedispersion]
-        [--seeds 20] [--budget 200] [--kt genetic_algorithm,pso,adaptive_tabu_greywolf]
-        [--model gbdt] [--gpus A100,MI250X] [--json OUT]
+        [--seeds 20] [--budget 200] [--ours random,tpe,model]
+        [--kt genetic_algorithm,pso,adaptive_tabu_greywolf] [--model gbdt] [--gpus A100,MI250X]
+        [--json OUT]
+
+TPE costs most of a row's time (Optuna's TPE re-reads every past trial at each ask: ~10-30 s a
+seed on one core), so ``--ours random,model`` then ``--ours tpe --kt ''`` runs it apart; every
+strategy's figures depend only on its seeds, not on what else ran.
 
 Every Kernel Tuner cache (one kernel on one GPU, every configuration timed) is replayed: a
 strategy proposes configurations, each new one costs one evaluation and is answered from the
