@@ -310,7 +310,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--budget", type=int, default=200)
     ap.add_argument("--ours", default="random,tpe,model",
-                    help="our strategies to run (a subset of random,tpe,model; '' for none)")
+                    help="our strategies to run (random, tpe, model, model_no_adapt: the model "
+                         "rule without adapt; '' for none)")
     ap.add_argument("--kt", default="genetic_algorithm,pso,adaptive_tabu_greywolf",
                     help="Kernel Tuner strategies ('' for none)")
     ap.add_argument("--model", default="gbdt", help="cost model kind for the model strategy")
@@ -323,7 +324,7 @@ def main() -> None:
           f"{round(100 * (TARGET - 1))}% of the optimum")
     kt = [s for s in args.kt.split(",") if s]
     ours = [s for s in args.ours.split(",") if s]
-    unknown = set(ours) - {"random", "tpe", "model"}
+    unknown = set(ours) - {"random", "tpe", "model", "model_no_adapt"}
     if unknown:
         ap.error(f"--ours: unknown strategies {sorted(unknown)}")
     names = [*ours, *kt]
@@ -339,7 +340,7 @@ def main() -> None:
             plain = tmp / f"{kernel}-{space.path.name.split('.')[0]}.json"
             plain.write_bytes(gzip.decompress(space.path.read_bytes()))
             model = samples = None
-            if "model" in names:
+            if {"model", "model_no_adapt"} & set(names):
                 model = model_for_target(spaces, space, args.model)
                 memoize_raw(model)
                 samples = target_samples(space)
@@ -352,8 +353,9 @@ def main() -> None:
                         orders.append(run_random(space, seed, args.budget))
                     elif name == "tpe":
                         orders.append(run_tpe(space, seed, args.budget))
-                    elif name == "model":
-                        orders.append(run_model(space, model, samples, seed, args.budget))
+                    elif name in ("model", "model_no_adapt"):
+                        orders.append(run_model(space, model, samples, seed, args.budget,
+                                                adapt=name == "model"))
                     else:
                         orders.append(run_kernel_tuner(space, name, seed, args.budget, plain))
                 row[name] = summarize(space, orders, args.budget, f_rand)
