@@ -1,8 +1,13 @@
 """Search strategies on real GPU spaces, side by side with Kernel Tuner's own.
 
     .venv/bin/python benchmarks/strategies.py [--caches DIR] [--spaces convolution,dedispersion]
-        [--seeds 20] [--budget 200] [--kt genetic_algorithm,pso,adaptive_tabu_greywolf]
-        [--model gbdt] [--gpus A100,MI250X] [--json OUT]
+        [--seeds 20] [--budget 200] [--ours random,tpe,model]
+        [--kt genetic_algorithm,pso,adaptive_tabu_greywolf] [--model gbdt] [--gpus A100,MI250X]
+        [--json OUT]
+
+TPE costs most of a row's time (Optuna's TPE re-reads every past trial at each ask: ~10-30 s a
+seed on one core), so ``--ours random,model`` then ``--ours tpe --kt ''`` runs it apart; every
+strategy's figures depend only on its seeds, not on what else ran.
 
 Every Kernel Tuner cache (one kernel on one GPU, every configuration timed) is replayed: a
 strategy proposes configurations, each new one costs one evaluation and is answered from the
@@ -164,12 +169,35 @@ def model_for_target(spaces: list[Space], target: Space, kind: str):
 ADAPT_AT = (4, 8, 16)  # as tuner/samplers/model.py: the device re-learned from its shots
 
 
+def memoize_raw(model) -> None:
+    """Remember ``model``'s raw predictions per feature row, so that the 20 seeds of a row
+    (and the re-predictions after each ``adapt``) do not ask LightGBM again for rows it has
+    answered: the same numbers, row by row (a tree ensemble predicts each row on its own), at
+    a fraction of the time (predicting the space was most of the model strategy's time)."""
+    raw, memo = model._raw, {}
+
+    def cached(samples):
+        keys = [s.flat().tobytes() for s in samples]
+        missing = list(dict.fromkeys(k for k in keys if k not in memo))
+        if missing:
+            first = {k: i for i, k in reversed(list(enumerate(keys)))}
+            level, shape = raw([samples[first[k]] for k in missing])
+            memo.update(zip(missing, zip(level.tolist(), shape.tolist(), strict=True),
+                            strict=True))
+        both = np.asarray([memo[k] for k in keys], np.float64).reshape(len(keys), 2)
+        return both[:, 0], both[:, 1]
+
+    model._raw = cached  # an instance attribute: copies of the model share the memo
+
+
 def run_model(space: Space, model, samples: list, seed: int, budget: int,
               adapt: bool = True) -> list[int]:
     """The rule of ``sampler: model`` (tuner/samplers/model.py): measure the best-ranked
     unmeasured config; correct the ranking by the residuals of measured ones, weighted
     2^-(parameters that differ); after 4, 8 and 16 measurements re-learn the device from them
-    (``CostModel.adapt``, on a copy of the model); repeat."""
+    (``CostModel.adapt``, on a copy of the model); repeat.  The correction's sums are kept
+    from step to step (added in the same order as summing them afresh: the same numbers) and
+    summed afresh when ``adapt`` changes the prediction."""
     model = copy.copy(model)
     model.offsets, model.mixes = dict(model.offsets), dict(model.mixes)
     predicted = np.log(model.predict(samples))
@@ -177,6 +205,15 @@ def run_model(space: Space, model, samples: list, seed: int, budget: int,
     noise = rng.normal(0.0, 0.01, len(predicted))  # ties broken per seed
     measured = np.zeros(len(predicted), bool)
     order: list[int] = []
+    num = np.zeros(len(predicted))
+    den = np.ones(len(predicted))  # a prior weight of 1 on "the model is right"
+    weights: list[np.ndarray] = []
+
+    def add(k: int) -> None:
+        i = order[k]
+        np.add(num, weights[k] * (math.log(space.times[i]) - predicted[i]), out=num)
+        np.add(den, weights[k], out=den)
+
     for _ in range(min(budget, len(predicted))):
         if adapt and len(order) in ADAPT_AT:
             shots = []
@@ -186,16 +223,15 @@ def run_model(space: Space, model, samples: list, seed: int, budget: int,
                 shots.append(shot)
             model.adapt(shots)
             predicted = np.log(model.predict(samples))
-        num = np.zeros(len(predicted))
-        den = np.ones(len(predicted))  # a prior weight of 1 on "the model is right"
-        for i in order:
-            weight = 2.0 ** -(space.codes != space.codes[i]).sum(1)
-            num += weight * (math.log(space.times[i]) - predicted[i])
-            den += weight
+            num[:], den[:] = 0.0, 1.0
+            for k in range(len(order)):
+                add(k)
         current = np.where(measured, np.inf, predicted + noise + num / den)
         i = int(np.argmin(current))
         order.append(i)
         measured[i] = True
+        weights.append(2.0 ** -(space.codes != space.codes[i]).sum(1))
+        add(len(order) - 1)
     return order
 
 
@@ -263,7 +299,8 @@ def summarize(space: Space, orders: list[list[int]], budget: int, f_rand: np.nda
     p = (f_s[ok] - f_rand[ok]) / (space.best - f_rand[ok])
     return {"evals_to_5pct": None if math.isinf(median) else median,
             "reached": sum(h is not None for h in hits), "seeds": len(orders),
-            "score": float(np.mean(p)) if ok.any() else None}
+            "score": float(np.mean(p)) if ok.any() else None,
+            "hits": hits}  # per seed: evaluations to within 5% (None: not within budget)
 
 
 def main() -> None:
@@ -272,6 +309,9 @@ def main() -> None:
     ap.add_argument("--spaces", default="convolution,dedispersion")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--budget", type=int, default=200)
+    ap.add_argument("--ours", default="random,tpe,model",
+                    help="our strategies to run (random, tpe, model, model_no_adapt: the model "
+                         "rule without adapt; '' for none)")
     ap.add_argument("--kt", default="genetic_algorithm,pso,adaptive_tabu_greywolf",
                     help="Kernel Tuner strategies ('' for none)")
     ap.add_argument("--model", default="gbdt", help="cost model kind for the model strategy")
@@ -283,7 +323,11 @@ def main() -> None:
     print(f"CPU: {cpu}; budget {args.budget} evaluations, {args.seeds} seeds; target: within "
           f"{round(100 * (TARGET - 1))}% of the optimum")
     kt = [s for s in args.kt.split(",") if s]
-    names = ["random", "tpe", "model", *kt]
+    ours = [s for s in args.ours.split(",") if s]
+    unknown = set(ours) - {"random", "tpe", "model", "model_no_adapt"}
+    if unknown:
+        ap.error(f"--ours: unknown strategies {sorted(unknown)}")
+    names = [*ours, *kt]
     rows = []
     tmp = Path(tempfile.mkdtemp(prefix="kt-plain-"))
     for kernel in args.spaces.split(","):
@@ -295,8 +339,11 @@ def main() -> None:
             start = time.perf_counter()
             plain = tmp / f"{kernel}-{space.path.name.split('.')[0]}.json"
             plain.write_bytes(gzip.decompress(space.path.read_bytes()))
-            model = model_for_target(spaces, space, args.model)
-            samples = target_samples(space)
+            model = samples = None
+            if {"model", "model_no_adapt"} & set(names):
+                model = model_for_target(spaces, space, args.model)
+                memoize_raw(model)
+                samples = target_samples(space)
             f_rand = expected_random_best(space.times, args.budget)
             row = {"space": kernel, "gpu": space.raw.device, "configs": len(space.configs)}
             for name in names:
@@ -306,8 +353,9 @@ def main() -> None:
                         orders.append(run_random(space, seed, args.budget))
                     elif name == "tpe":
                         orders.append(run_tpe(space, seed, args.budget))
-                    elif name == "model":
-                        orders.append(run_model(space, model, samples, seed, args.budget))
+                    elif name in ("model", "model_no_adapt"):
+                        orders.append(run_model(space, model, samples, seed, args.budget,
+                                                adapt=name == "model"))
                     else:
                         orders.append(run_kernel_tuner(space, name, seed, args.budget, plain))
                 row[name] = summarize(space, orders, args.budget, f_rand)
@@ -315,17 +363,26 @@ def main() -> None:
             cells = "  ".join(f"{n} {_fmt(row[n], args.budget)}" for n in names)
             print(f"{kernel:<13} {space.raw.device:<24} {len(space.configs):>6}  {cells}  "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
-    wins = sum(all(_evals(r["model"]) < _evals(r[k]) for k in kt) for r in rows)
-    print(f"\nmodel-guided needs fewer evaluations than every Kernel Tuner strategy on {wins} of "
-          f"{len(rows)} space x GPU rows")
-    scores = {n: statistics.mean(r[n]["score"] for r in rows if r[n]["score"] is not None)
+            if args.json:  # after every row, so that a cut run keeps what it finished
+                _write(args.json, cpu, args, rows, None, None)
+    wins = None
+    if "model" in names and kt and rows:
+        wins = sum(all(_evals(r["model"]) < _evals(r[k]) for k in kt) for r in rows)
+        ties = sum(all(_evals(r["model"]) <= _evals(r[k]) for k in kt) for r in rows) - wins
+        print(f"\nmodel-guided needs fewer evaluations than every Kernel Tuner strategy on "
+              f"{wins} of {len(rows)} space x GPU rows (and ties the best of them on {ties})")
+    scores = {n: statistics.mean(v) if (v := [r[n]["score"] for r in rows
+                                             if r[n]["score"] is not None]) else None
               for n in names}
     print("methodology score (mean over rows): "
-          + ", ".join(f"{n} {v:.3f}" for n, v in scores.items()))
+          + ", ".join(f"{n} {'-' if v is None else f'{v:.3f}'}" for n, v in scores.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu, "budget": args.budget,
-                                               "seeds": args.seeds, "rows": rows,
-                                               "wins": wins, "scores": scores}, indent=1))
+        _write(args.json, cpu, args, rows, wins, scores)
+
+
+def _write(path: str, cpu: str, args, rows: list, wins, scores) -> None:
+    Path(path).write_text(json.dumps({"cpu": cpu, "budget": args.budget, "seeds": args.seeds,
+                                      "rows": rows, "wins": wins, "scores": scores}, indent=1))
 
 
 def _evals(cell: dict) -> float:
