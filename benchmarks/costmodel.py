@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/costmodel.py [--caches DIR] [--spaces convolution,dedispersion]
         [--splits device,random,fewshot] [--models roofline,gbdt,graphsage] [--steps 3000]
-        [--sweep FILE.jsonl.gz ...] [--dataset FILE.jsonl.gz ...] [--shots 16] [--json OUT]
+        [--sweep FILE.jsonl.gz ...] [--dataset FILE.jsonl.gz ...] [--program-folds K]
+        [--gbdt-options JSON] [--shots 16] [--json OUT]
 
 For every Kernel Tuner space (one kernel, six GPUs: ``../shared/data/kernel_tuner_caches``)
 and every split, trains each model on the training rows of each fold and scores the held-out
@@ -76,7 +77,8 @@ def dataset_samples(path: str) -> list:
         return samples_from_rows(db.training_rows(database))
 
 
-def fewshot(kernel: str, caches: Path, kind: str, shots: int) -> dict:
+def fewshot(kernel: str, caches: Path, kind: str, shots: int, options: dict | None = None
+            ) -> dict:
     """Per held-out GPU: zero-shot and few-shot metrics of ``kind`` trained on the others."""
     from strategies import Space, few_shot, model_for_target, target_samples
 
@@ -85,7 +87,7 @@ def fewshot(kernel: str, caches: Path, kind: str, shots: int) -> dict:
     spaces = [Space(p) for p in sorted((caches / kernel).glob("*.json*"))]
     rows = []
     for space in spaces:
-        model = model_for_target(spaces, space, kind)
+        model = model_for_target(spaces, space, kind, **(options or {}))
         samples = target_samples(space)
         zero = evaluate(["g"] * len(samples), space.times, model.predict(samples))
         few = few_shot(space, model, samples, shots)
@@ -101,11 +103,11 @@ def fewshot(kernel: str, caches: Path, kind: str, shots: int) -> dict:
             "mean": mean}
 
 
-def throughput(samples, models, steps: int) -> dict:
+def throughput(samples, models, options: dict) -> dict:
     """Seconds to train on all rows and configs/s predicted, per model."""
     out = {}
     for kind in models:
-        model = make_model(kind, **({"steps": steps} if kind == "graphsage" else {}))
+        model = make_model(kind, **options.get(kind, {}))
         start = time.perf_counter()
         model.fit(samples)
         train_s = time.perf_counter() - start
@@ -142,11 +144,17 @@ def main() -> None:
     ap.add_argument("--dataset", nargs="*", default=[], help="dataset files (CPU)")
     ap.add_argument("--shots", type=int, default=16)
     ap.add_argument("--fewshot-model", default="gbdt")
+    ap.add_argument("--program-folds", type=int, default=None, metavar="K",
+                    help="deal the held-out programs of a --sweep / --dataset into K folds "
+                         "(default: one fold per program)")
+    ap.add_argument("--gbdt-options", default="{}", metavar="JSON",
+                    help='options of the gbdt model, e.g. \'{"shape_objective": "regression"}\' '
+                         "(also the few-shot model's when it is gbdt)")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--json", help="write every figure to this file")
     args = ap.parse_args()
     models = args.models.split(",")
-    options = {"graphsage": {"steps": args.steps}}
+    options = {"graphsage": {"steps": args.steps}, "gbdt": json.loads(args.gbdt_options)}
     print(f"CPU: {cpu_name()}")
     report = {"cpu": cpu_name(), "results": [], "throughput": {}}
     data = datasets(args)
@@ -155,7 +163,8 @@ def main() -> None:
         splits = args.splits.split(",") if name in args.spaces.split(",") else ["program"]
         for split in splits:
             if split == "fewshot":
-                res = fewshot(name, Path(args.caches), args.fewshot_model, args.shots)
+                res = fewshot(name, Path(args.caches), args.fewshot_model, args.shots,
+                              options.get(args.fewshot_model, {}))
                 report["results"].append(res)
                 m = res["mean"]
                 table.append((name, "leave one GPU out, zero-shot", args.fewshot_model,
@@ -164,14 +173,15 @@ def main() -> None:
                               {"kendall_tau": m["few_tau"], "top1_slowdown": m["few_top1"]}))
                 continue
             start = time.perf_counter()
-            result = cross_validate(samples, split, models, options=options)
+            result = cross_validate(samples, split, models, options=options,
+                                    k=args.program_folds if split == "program" else None)
             result["seconds"] = round(time.perf_counter() - start, 1)
             show(f"{name} ({len(samples)} rows)", split, result)
             report["results"].append({"dataset": name, **result})
             table += [(name, split, kind, mean) for kind, mean in result["mean"].items()]
         if args.no_throughput:
             continue
-        report["throughput"][name] = throughput(samples, models, args.steps)
+        report["throughput"][name] = throughput(samples, models, options)
         print(f"  train / predict on all {len(samples)} rows: "
               + "; ".join(f"{k} {v['train_s']} s, {v['predict_per_s']}/s"
                           for k, v in report["throughput"][name].items()))
@@ -186,7 +196,7 @@ def main() -> None:
         print(f"{name[:34]:<34} {split[:30]:<30} {kind:<10} {cells[0]} {top1} {top5} {mape}")
     if len(data) > 1 and not args.no_throughput:  # the scale figure: every row at once
         everything = concat(*data.values())
-        report["throughput"]["all"] = throughput(everything, models, args.steps)
+        report["throughput"]["all"] = throughput(everything, models, options)
         print(f"\nall datasets, {len(everything)} rows: "
               + "; ".join(f"{k} trains in {v['train_s']} s, predicts {v['predict_per_s']}/s"
                           for k, v in report["throughput"]["all"].items()))

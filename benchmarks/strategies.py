@@ -158,10 +158,10 @@ def target_samples(target: Space) -> list:
             for c in target.configs]
 
 
-def model_for_target(spaces: list[Space], target: Space, kind: str):
+def model_for_target(spaces: list[Space], target: Space, kind: str, **options):
     """A model trained on the other GPUs' spaces of the kernel (never on the target)."""
     train = concat(*(kernel_tuner_samples(s.raw) for s in spaces if s is not target))
-    model = make_model(kind)
+    model = make_model(kind, **options)
     model.fit(train)
     return model
 

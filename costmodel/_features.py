@@ -33,7 +33,11 @@ import numpy as np
 from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
 from search.ir import MAX_RANK, OPS, KernelGraph
 
-FEATURE_VERSION = 4  # 4: a flag for a device the table lacks (its sibling's speeds); 3: opcodes
+FEATURE_VERSION = 5  # 5: the program's storage dtype, its elements through exp-family ops
+# and through divides / square roots; each kernel's loop schedule (register tiles, row-by-row matmuls,
+# streamed stores, prefetches, lane-tree sums, forks threads or not) and its load balance over
+# the device's cores / SMs: 26% of the CPU dataset's rows had the features of another config
+# of their structure (the tile_rows knob was invisible); 4: a flag for a device the table lacks (its sibling's speeds); 3: opcodes
 # of add_scalar, neg, rsqrt and tanh (OPCODES is the sorted op table: the others moved); 2: µGraph
 # node rows padded to NODE_DIM (they were 2 short)
 OPCODES = ["<pad>", "kt_config", *sorted(k for k in OPS if k not in ("input", "output")),
@@ -42,10 +46,15 @@ OPCODE = {name: i for i, name in enumerate(OPCODES)}
 KT_PARAMS = 12  # Kernel Tuner parameters kept per configuration (more are dropped)
 STAGES = ("kernel", "pre", "body", "post")
 LEVELS = (Level.LOCAL, Level.REGIONAL, Level.GLOBAL)
-KERNEL_DIM = 10
+KERNEL_DIM = 18
 NODE_DIM = MAX_RANK + 1 + len(STAGES) + len(LEVELS) + 2 + 2 + KERNEL_DIM + KT_PARAMS + 3
 DEVICE_DIM = 10
-GRAPH_DIM = 6 + DEVICE_DIM
+DTYPES = ("float32", "float16", "bfloat16")  # the program's storage dtype (one-hot)
+# elementwise ops that run through exp_f (kernels/rendering/_cstyle.py) and the ones through a
+# divide or square root: one "FLOP" each in _flops, tens of cycles each on a core
+EXP_OPS = frozenset({"exp", "sigmoid", "silu", "gelu", "tanh"})
+DIV_OPS = frozenset({"div", "sqrt", "rsqrt"})
+GRAPH_DIM = 8 + len(DTYPES) + DEVICE_DIM
 
 
 @dataclass
@@ -104,10 +113,25 @@ def _kernel_features(plan: KernelPlan, spec: DeviceSpec) -> dict[int, list[float
         if op in out:
             continue
         m = k.mapping
+        loops = [lp for ph in k.phases for lp in ph.loops]
+        n = max(len(loops), 1)
+        units = max(spec.sm_count, 1)
+        waves = -(-k.blocks // units)
         out[op] = [_log2(k.blocks), _log2(m.threads), _log2(m.lanes), _log2(m.split),
                    _log2(m.vpack), _log2(k.forloop), _log2(k.smem_bytes),
                    float(k.barrier != "none"), float(len(k.phases)),
-                   min(1.0, k.blocks / spec.sm_count)]
+                   min(1.0, k.blocks / spec.sm_count),
+                   # how its loops run (lowering's schedule: what the tile_rows / stream
+                   # knobs change without changing the grid)
+                   _log2(max((lp.tile_rows for lp in loops), default=0)),
+                   sum(lp.tile_rows > 0 for lp in loops) / n,
+                   sum(lp.matmul_rows for lp in loops) / n,
+                   sum(lp.stream for lp in loops) / n,
+                   _log2(sum(len(lp.prefetch) for lp in loops)),
+                   sum(lp.tree_sum for lp in loops) / n,
+                   float(k.parallel),
+                   # the last wave's share of the cores / SMs: 1 when the blocks divide evenly
+                   k.blocks / (waves * units)]
     return out
 
 
@@ -136,10 +160,13 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
     nodes: list[list[float]] = []
     edges: list[tuple[int, int]] = []
     producer: dict[int, int] = {}  # kernel tensor id -> node that produced it
+    special = [0.0, 0.0]  # elements through exp-family ops, through divides / square roots
 
     def node(kind: str, shape, stage: str, level, nbytes: float, flops: float,
              kern: list[float]) -> int:
         opcodes.append(OPCODE[kind])
+        special[0] += flops if kind in EXP_OPS else 0.0
+        special[1] += flops if kind in DIV_OPS else 0.0
         row = [*_shape(shape), *_one_hot(stage, STAGES), *_one_hot(level, LEVELS),
                _log2(nbytes), _log2(flops), *kern]
         # zeros up to NODE_DIM: the Kernel Tuner slots sit where featurize_params puts them
@@ -171,7 +198,9 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
         index += 1
     graph = [_log2(est.bytes_moved), _log2(est.flops), float(est.launches),
              math.log10(max(est.seconds, 1e-9)), min(r[-1] for r in kfeat.values()) if kfeat
-             else 1.0, float(len(plan.kernels)), *device_features(spec, known_device)]
+             else 1.0, float(len(plan.kernels)), _log2(special[0]), _log2(special[1]),
+             *_one_hot(plan.dtype, DTYPES),
+             *device_features(spec, known_device)]
     return Sample(group, program, device, np.asarray(opcodes, np.int64),
                   np.asarray(nodes, np.float32),
                   np.asarray(edges, np.int64).T.reshape(2, -1), np.asarray(graph, np.float32),
@@ -235,7 +264,7 @@ def featurize_params(params: Mapping[str, float], keys: Sequence[str],
     size = [_log2(d) for d in list(problem_size)[:3]]
     vec = [0.0] * (NODE_DIM - KT_PARAMS - 3) + values + [0.0] * (KT_PARAMS - len(values)) + \
         size + [0.0] * (3 - len(size))
-    graph = [0.0] * 6 + device_features(spec, known_device)
+    graph = [0.0] * (GRAPH_DIM - DEVICE_DIM) + device_features(spec, known_device)
     return Sample(group, program, device, np.asarray([OPCODE["kt_config"]], np.int64),
                   np.asarray([vec], np.float32), np.zeros((2, 0), np.int64),
                   np.asarray(graph, np.float32), config=dict(params))
