@@ -46,7 +46,7 @@ def verify_structure(structure: KernelGraph, small_reference: KernelGraph,
 def run_and_verify(payload: dict, shard: Shard) -> ShardResult:
     """The unit of distributed work: enumerate one shard, verify what it yields."""
     _maybe_inject_fault(shard)
-    _normal_priority()
+    _normal_priority(payload.get("nice"))
     start = time.perf_counter()
     ctx, small = _context(payload)
     if payload.get("deadline"):
@@ -71,11 +71,15 @@ def run_and_verify(payload: dict, shard: Shard) -> ShardResult:
                        time.perf_counter() - start)
 
 
-def _normal_priority() -> None:
-    """Ray starts workers at nice 15; a shard is the job's main work, not background work."""
+def _normal_priority(nice: int | None = None) -> None:
+    """Ray starts workers at nice 15; a shard is the job's main work, not background work: it
+    runs at the niceness of the process that launched the search (``nice``; 0 when not said),
+    never above it.  A shard run in that process itself (the local executor) leaves it as it
+    is: a `nice -n 10` test run or launch was raised to nice 0 by its first shard."""
     try:
-        if os.nice(0) > 0:
-            os.nice(-os.nice(0))
+        now, goal = os.nice(0), max(0, nice if nice is not None else 0)
+        if now > goal:
+            os.nice(goal - now)
     except OSError:
         pass  # not allowed to raise priority here; run as we are
 

@@ -32,7 +32,7 @@ _EXPORTS = {
     "WRONG_RESULT": "devices", "INVALID": "devices", "NODE_LOST": "devices",
     "STATUSES": "devices", "TRIAL_STATUSES": "devices", "MEASUREMENT_STATUSES": "devices",
     "Timing": "devices", "measure": "devices", "compile_cpp": "devices",
-    "timing_noise": "devices", "machine_load": "devices", "verdict": "devices",
+    "timing_noise": "devices", "machine_load": "devices", "verdict": "devices", "TIE_LIMIT": "devices",
     "CompileError": "devices", "nvcc_check": "devices", "nvcc_available": "devices",
     "random_inputs": "devices", "tolerance": "devices", "thread_env": "devices",
     "as_stored": "devices", "as_logical": "devices",

@@ -182,7 +182,7 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
     ctx = Context.build(reference, limits)
     payload = {"reference": to_obj(reference), "small": to_obj(small),
                "reference_hash": structural_hash(reference), "limits": _limits_dict(limits),
-               "tests": tests,
+               "tests": tests, "nice": _niceness(),
                "deadline": time.time() + time_limit_s if time_limit_s else None}
     totals = Stats()
     results: dict[str, ShardResult] = {}
@@ -395,3 +395,13 @@ def _deepen(ctx: Context, configs: list[Shard], executor: Executor, payload: dic
         else:
             level[cid] = -1
     return sorted(cid for cid, lv in level.items() if lv == -1)
+
+
+def _niceness() -> int | None:
+    """This process's niceness, the priority its search shards run at (None: not known here)."""
+    import os
+
+    try:
+        return os.nice(0)
+    except (AttributeError, OSError):
+        return None

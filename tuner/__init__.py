@@ -24,7 +24,7 @@ from .mirage_compat import (
     new_threadblock_graph,
     set_gpu_device_id,
 )
-from .serving import best, load, status
+from .serving import UncertainBestWarning, best, load, status
 
 
 def compile(fn: object, **options: object) -> object:  # noqa: A001 - torch.compile's name
@@ -42,7 +42,7 @@ def launch(path: str, **kwargs: object) -> object:
     return _launch(path, **kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "TBGraph", "best", "bfloat16", "compile",
+__all__ = ["BlockGraph", "KNGraph", "KernelGraph", "TBGraph", "UncertainBestWarning", "best", "bfloat16", "compile",
            "convert_dtype_to_torch_type", "float16",
            "float32", "generate_cpu_program", "generate_cuda_program", "launch",
            "list_programs", "load", "load_graph", "load_program", "new_block_graph",

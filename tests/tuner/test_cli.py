@@ -274,3 +274,22 @@ def test_times_and_progress_lines_read_as_they_did(capsys):
         "done",
         "search: states 1,472  verified 15  elapsed 1.1s",
     ]
+
+
+def test_launch_hint_names_what_tuner_best_takes(tmp_path, capsys, monkeypatch):
+    """`query it later: tuner best ...` after a launch: a program file's path (a user who
+    copied the hint for examples/gpt2_mlp_cpu.yaml got "not a built-in program"), a built-in's
+    name, nothing for an inline program (tuner best cannot name one)."""
+    from tuner.cli.jobs import _best_spec
+    from tuner.jobfile import load_job, parse_job
+
+    monkeypatch.chdir(ROOT)
+    spec = _best_spec(load_job("examples/gpt2_mlp_cpu.yaml"), "gpt2_mlp_small")
+    assert spec == "examples/programs/gpt2_mlp_small.yaml"
+    code, out, err = run_main(capsys, "show", spec)
+    assert code == 0 and "O = matmul(H, W2)" in out, err
+    assert _best_spec(load_job("examples/quickstart.yaml"), "softmax_rows") == "softmax_rows"
+    inline = parse_job("programs:\n  - program:\n      name: e\n      dtype: float32\n"
+                       "      inputs: {X: [4, 4]}\n      body: O = exp(X)\n      outputs: [O]\n",
+                       str(tmp_path / "job.yaml"), base_dir=str(tmp_path))
+    assert _best_spec(inline, "e") is None

@@ -61,3 +61,33 @@ def test_a_launch_beside_a_busy_sibling_retimes_and_says_when_its_best_is_uncert
         assert res.returncode == 0 and "UNCERTAIN" in res.stdout, res.stdout
         res = run_cli("status", "--db", busy_url)
         assert res.returncode == 0 and "uncertain best" in res.stdout, res.stdout
+
+
+def test_tuner_load_serves_an_uncertain_best_with_a_warning(monkeypatch):
+    """A best chosen by noise is served by tuner.load too: never silently. The record's
+    ``uncertain`` is said as an UncertainBestWarning; a settled best loads without one."""
+    import dataclasses
+    import warnings
+
+    import pytest
+
+    from tuner.serving import cache
+
+    def record(uncertain):
+        return dataclasses.replace(_FAKE, uncertain=uncertain)
+
+    served = object()
+    monkeypatch.setattr(cache, "kernel_from_record", lambda rec, name: served)
+    monkeypatch.setattr(cache, "best", lambda *a, **k: record("12 of 12 re-timings were noisy"))
+    with pytest.warns(tuner.UncertainBestWarning, match="UNCERTAIN: 12 of 12 re-timings"):
+        assert tuner.load("softmax_rows", SHAPES, url="sqlite:///unused.db") is served
+    monkeypatch.setattr(cache, "best", lambda *a, **k: record(None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuner.load("softmax_rows", SHAPES, url="sqlite:///unused.db") is served
+
+
+_FAKE = db.BestKernel(program_hash="p", shapes_key="{}", dtype="float32",
+                      device_key="cpu:AMD EPYC:2c", structure_id=1, structure_hash="s" * 16,
+                      structure={}, trial_id=1, config={}, measurement_id=1, source="",
+                      time_s=9.3e-3, baseline_s=None, updated_at=None)  # type: ignore[arg-type]

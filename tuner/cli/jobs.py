@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from db import DEFAULT_URL
 from kernels import OK, replayed_gpu
@@ -124,10 +125,24 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(format_summary(result))
         names = " ".join(f"--set {k}={'x'.join(map(str, v))}"
                          for k, v in result.reports[0].shapes.items()) if result.reports else ""
-        if result.reports and replayed_gpu(result.reports[0].device_key) is None:
-            print(f"query it later: tuner best {result.reports[0].program} {names}"
+        spec = _best_spec(job, result.reports[0].program) if result.reports else None
+        if spec and replayed_gpu(result.reports[0].device_key) is None:
+            print(f"query it later: tuner best {spec} {names}"
                   + (f" --db {url}" if args.db else ""))
     return 0
+
+
+def _best_spec(job: Any, program: str) -> str | None:
+    """What ``tuner best`` takes for the job's program ``program``: a built-in's name, a
+    program file's path (relative to here when it is below), None for an inline program."""
+    for entry in job.programs:
+        if entry.program is None or entry.name != program:
+            continue
+        if entry.kind == "file":
+            rel = os.path.relpath(entry.ref)
+            return entry.ref if rel.startswith("..") else rel
+        return program if entry.kind == "builtin" else None
+    return program
 
 
 # ---------------------------------------------------------------- best

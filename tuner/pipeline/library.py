@@ -72,12 +72,47 @@ class LibraryCandidate:
         k = self.key
         tuned = tuned_best(self.database, k.program_hash, k.shapes, k.dtype, self.pool.key)
         self.tuned_s = tuned
+        best = self.database.best_kernel(k.program_hash, k.shapes, k.dtype, self.pool.key)
         if tuned is not None and tuned <= self.median_s:
-            best = self.database.best_kernel(k.program_hash, k.shapes, k.dtype, self.pool.key)
             if best is not None and best.baseline_s != self.median_s:  # speedup vs the median
                 self.database.confirm_best(best.trial_id, best.source, self.median_s,
                                            uncertain=best.uncertain)
             return False
         self.database.confirm_best(self.trial_id, library_source(self.reference, name),
-                                   self.median_s)
+                                   self.median_s, uncertain=self._doubt(best, tuned))
         return True
+
+    def _doubt(self, best: db.BestKernel | None, tuned: float | None) -> str | None:
+        """Why the library's win may be the noise's (None: the timings settle it): the tuned
+        kernels' own verdict (their finalists were chosen and re-timed on a loaded or noisy
+        machine, so the fastest kernel may be faster than it timed), or the fastest tuned
+        kernel within the round-to-round spread of the two (beyond ``TIE_LIMIT``).  A library
+        row already the best keeps the reasons it was stored with."""
+        from kernels import TIE_LIMIT
+
+        why = [w for w in (best.uncertain or "").split("; ") if w] if best is not None else []
+        if best is not None and not best.library and why:
+            why = [f"the tuned kernels' timings could not settle them ({best.uncertain})"]
+        lib = [m.median_s for m in self.database.measurements(self.trial_id)
+               if m.status == OK and m.median_s]
+        kern = [m.median_s for m in self.database.measurements(best.trial_id)
+                if m.status == OK and m.median_s] if best is not None and not best.library \
+            else []
+        if tuned is not None and self.median_s:
+            spread = max(_spread(lib), _spread(kern))
+            if spread > TIE_LIMIT and tuned - self.median_s <= spread * self.median_s:
+                tie = (f"the fastest tuned kernel is {tuned / self.median_s - 1:.0%} slower, "
+                       f"within the {spread:.0%} their timings vary by")
+                why = [w for w in why if not w.startswith("the fastest tuned kernel is ")]
+                why.append(tie)
+        return "; ".join(why) or None
+
+
+def _spread(values: list[float]) -> float:
+    """Round-to-round spread of one candidate's timings: (max - min) / median."""
+    import statistics
+
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else 0.0

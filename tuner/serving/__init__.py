@@ -6,6 +6,7 @@ reads; the launch (``tuner.pipeline``) is what writes.
 """
 
 from .cache import (
+    UncertainBestWarning,
     best,
     bests_at_stored_shapes,
     kernel_from_record,
@@ -16,5 +17,5 @@ from .cache import (
 )
 from .status import status
 
-__all__ = ["best", "bests_at_stored_shapes", "kernel_from_record", "launch_hint", "load",
+__all__ = ["UncertainBestWarning", "best", "bests_at_stored_shapes", "kernel_from_record", "launch_hint", "load",
            "resolve_device_key", "status", "tuned_best"]

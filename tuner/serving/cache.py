@@ -11,6 +11,7 @@ ever returned.
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,14 @@ from kernels import OK
 from search import Program, from_obj, load_program
 
 from ..api import InputError
+from ..formatting import SETTLE
 from ..identity import program_key
+
+
+class UncertainBestWarning(UserWarning):
+    """``tuner.load`` served a best stored *uncertain*: its timings could not settle it (a
+    loaded or noisy machine, a runner-up within the noise; docs/launch.md, "Uncertain
+    bests"), so another config may be faster."""
 
 
 def resolve_device_key(device: str | None) -> str | None:
@@ -69,12 +77,18 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
     cuda kernels CuPy arrays.  An input the program declares ``layout: transposed`` is passed
     as stored: the contiguous transpose of its last two dims (``W.t()``'s memory, e.g. a
     Linear weight as PyTorch keeps it).  Raises ``InputError`` (with the launch command to
-    run) when nothing was tuned.
+    run) when nothing was tuned; warns (``UncertainBestWarning``) when the best was stored
+    uncertain (``record.uncertain``: its timings could not settle it).
     """
     prog = program if isinstance(program, Program) else load_program(program, overrides)
     record = best(prog, device=device, url=url, database=database)
     if record is None:
         raise InputError(launch_hint(prog.name, prog.inputs))
+    if record.uncertain:  # served, but never silently
+        warnings.warn(f"tuner.load: the best of {prog.name} on {record.device_key} "
+                      f"({record.time_s * 1e3:.3f} ms) is UNCERTAIN: {record.uncertain}; "
+                      f"another config may be faster: {SETTLE}", UncertainBestWarning,
+                      stacklevel=2)
     return kernel_from_record(record, prog.name)
 
 
