@@ -181,6 +181,7 @@ def capture(gm: torch.fx.GraphModule, opts: Options) -> GraphReport:
             kernel = kernel if not why else None
         entry.reason = why
         if kernel is not None:
+            entry.uncertain = getattr(kernel, "uncertain", "")
             chosen.append((region, program, kernel, shapes, entry))
     replaced: dict = {}
     for region, program, kernel, shapes, entry in chosen:

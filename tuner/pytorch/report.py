@@ -19,6 +19,7 @@ class RegionReport:
     reason: str = ""  # why it fell back
     kernel_us: float | None = None  # the compile's race: the kernel's time a call
     torch_us: float | None = None  # and PyTorch's own ops' for the region
+    uncertain: str = ""  # the stored best could not be settled by its launch (why)
 
 
 @dataclass
@@ -84,6 +85,8 @@ class Report:
             what = "kernel" if r.status == "kernel" else f"fallback: {r.reason}"
             if r.status == "kernel" and r.kernel_us is not None:
                 what += f" ({r.kernel_us:.1f} µs a call; PyTorch's ops {r.torch_us:.1f} µs)"
+            if r.status == "kernel" and r.uncertain:
+                what += f"; stored UNCERTAIN: {r.uncertain.split(';')[0]}"
             lines.append(f"  {r.program} ({r.ops} ops: {ops}): {what}")
         for (op, why), n in Counter(self.uncaptured).items():
             lines.append(f"  not captured: {op} x{n}: {why}")

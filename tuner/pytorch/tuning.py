@@ -25,7 +25,8 @@ def _url(opts: Options) -> str:
 
 
 def lookup(programs: list[Program], opts: Options) -> dict[str, tuple[Any, str]]:
-    """name → (the best stored kernel as a callable, "") or (None, why none)."""
+    """name → (the best stored kernel as a callable, "") or (None, why none); a kernel stored
+    uncertain carries the reason as ``kernel.uncertain``."""
     from ..serving import best, kernel_from_record
 
     url = _url(opts)
@@ -45,7 +46,11 @@ def lookup(programs: list[Program], opts: Options) -> dict[str, tuple[Any, str]]
                                  "the ops")
             continue
         try:
-            out[p.name] = (kernel_from_record(record, p.name), "")
+            kernel: Any = kernel_from_record(record, p.name)
+            # a best its launch could not settle (a loaded machine) is used, never silently:
+            # the report says so (and the compile's race against PyTorch still judges it)
+            kernel.uncertain = record.uncertain or ""
+            out[p.name] = (kernel, "")
         except Exception as err:
             out[p.name] = (None, f"the stored kernel does not load: {str(err)[:200]}")
     return out
