@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ap.add_argument("--budget", type=float, default=120.0)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--structures", type=int, default=2,
+                    help="structures tuned per program (tune='now')")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             inductor = torch.compile(model)
             ours = tuner.compile(model, db=a.db, tune="cached" if a.no_tune else "now",
-                                 budget_s=a.budget, trials=8, structures=2)
+                                 budget_s=a.budget, trials=8, structures=a.structures)
             want = model(*args)
             tuner.pytorch.register()
             backend = torch.compile(model, backend="tuner", options={"db": a.db})
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     times[key].append(_per_call(fn, args, a.calls))
         med = {k: statistics.median(v) for k, v in times.items()}
         report = ours.report()
+        print(f"# {name}, backend=\"tuner\": {tuner.pytorch.last_report()}", flush=True)
         share = f"{len(report.kernels)}/{len(report.regions)} regions"
         rows.append((name, med, report, share))
         print(f"# {name}: {report}", flush=True)
