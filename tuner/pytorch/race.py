@@ -22,9 +22,8 @@ from .aten import meta
 
 ROUNDS = 5
 ROUND_S = 1e-2  # each round times this long of calls, at least one, after one untimed call
-# (the untimed call lets the other side's OpenMP threads stop spinning: PyTorch's and the
-# kernels' are two runtimes, and a round that starts while the other's threads still hold
-# the cores times them, not the call: a 221 µs kernel measured 912 µs in 2 ms rounds)
+# (a parallel kernel right after PyTorch's ops runs slower than alone: a 221 µs kernel was
+# timed at 912 µs in 2 ms rounds; longer rounds after an untimed call keep most of that out)
 
 
 def region_function(nodes: list) -> tuple[Callable[..., Any], list]:
