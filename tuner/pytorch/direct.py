@@ -158,16 +158,15 @@ def _storage(node: Any, live: set) -> Any:
     return node
 
 
-def _contiguous(node: Any, dtype: torch.dtype | None = None) -> bool:
-    """Whether ``node``'s value is a contiguous tensor (of ``dtype``): by its example value,
-    or, for what the capture inserted without one, as a kernel's output or a reshape of a
-    contiguous tensor."""
+def _contiguous(node: Any) -> bool:
+    """Whether ``node``'s value is a contiguous tensor: by its example value, or, for what the
+    capture inserted without one, as a kernel's output or a reshape of a contiguous tensor."""
     v = meta(node)
     if v is None and op_name(node) == "getitem" and op_name(node.args[0]) == _KERNEL_OP:
-        return dtype is None or _dtype_of(node.args[0]) == dtype
+        return True
     if v is None and op_name(node) in _RESHAPES:
-        return _contiguous(node.args[0], dtype)
-    return isinstance(v, torch.Tensor) and v.is_contiguous() and dtype in (None, v.dtype)
+        return _contiguous(node.args[0])
+    return isinstance(v, torch.Tensor) and v.is_contiguous()
 
 
 def _dtype(node: Any) -> torch.dtype | None:
