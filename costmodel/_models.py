@@ -26,6 +26,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from ._features import DEVICE_DIM, FEATURE_VERSION, GRAPH_DIM, NODE_DIM, OPCODES, Sample
+from ._siblings import MeasuredRanks, blend
 
 MODEL_KINDS = ("roofline", "gbdt", "graphsage")
 
@@ -155,13 +156,28 @@ class LearnedModel(CostModel):
         """(level: log seconds, shape: within-group standardised log seconds) per sample."""
 
     def remember(self, samples: Sequence[Sample]) -> None:
-        """Keep each training device's features: the candidates ``adapt`` chooses from."""
+        """Keep each training device's features (the candidates ``adapt`` chooses from) and
+        its measured ranks of each config (what ranks a device never trained on)."""
         self.devices = {s.device: s.graph[-DEVICE_DIM:].copy() for s in samples}
+        self.measured = MeasuredRanks(samples)
+
+    def _shape(self, samples: Sequence[Sample], shape: np.ndarray) -> np.ndarray:
+        """The model's shape, with the siblings' measured order blended in for the devices
+        it never trained on (``_siblings``); a device it trained on keeps the model's."""
+        measured = getattr(self, "measured", None)
+        new = [i for i, s in enumerate(samples) if s.device not in self.devices]
+        if measured is None or not new:
+            return shape
+        sibling = np.full(len(samples), np.nan)
+        sibling[new] = measured.ranks([samples[i] for i in new])
+        if np.isnan(sibling).all():
+            return shape
+        return blend(shape, sibling, group_rows(samples))
 
     def adapt(self, measured: Sequence[Sample]) -> dict[str, dict]:
         """Per device of ``measured`` (at least 3 configs): rank its measured configs as each
-        known device would (its features substituted) and as its own features say (the
-        zero-shot prediction), and take the known device that ranks them best in place of its
+        known device would (its features substituted) and as the zero-shot prediction does
+        (its own features, the siblings' measured order blended in: ``_siblings``), and take the known device that ranks them best in place of its
         own features for its shape from now on — only when it beats the zero-shot ranking's
         Kendall tau there by more than ``SWITCH_SE`` standard errors of tau on that many
         configs (0.37 at 16: the shots are chosen near the model's predicted best, so their
@@ -178,11 +194,14 @@ class LearnedModel(CostModel):
                 continue
             logt = np.log([s.seconds for s in rows])
             own = rows[0].graph[-DEVICE_DIM:].copy()
-            candidates = [(device + " (own features)", own)] + [
+            candidates = [(device + " (zero-shot)", own)] + [
                 (k, v) for k, v in self.devices.items() if k != device]
             taus = []
-            for _, vec in candidates:
-                tau = kendalltau(self._raw(with_device(rows, vec))[1], logt).statistic
+            for n, (_, vec) in enumerate(candidates):
+                shape = self._raw(with_device(rows, vec))[1]
+                if n == 0:  # the zero-shot order, siblings' measurements blended in
+                    shape = self._shape(rows, shape)
+                tau = kendalltau(shape, logt).statistic
                 taus.append(0.0 if math.isnan(tau) else float(tau))
             best = int(np.argmax(taus))
             n = len(rows)
@@ -208,6 +227,7 @@ class LearnedModel(CostModel):
             return np.zeros(0)
         level, shape = self._raw(samples)
         level = level + np.asarray([self.offsets.get(s.device, 0.0) for s in samples])
+        shape = self._shape(samples, shape)
         by_device: dict[str, list[int]] = defaultdict(list)
         for i, s in enumerate(samples):
             if s.device in self.mixes:

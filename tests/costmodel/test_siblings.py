@@ -1,0 +1,63 @@
+"""A GPU the model never trained on is ranked by how its siblings ranked the same configs
+(issue 20, item 4: leave-one-GPU-out zero-shot): the same vendor counts, another does not."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import kendalltau
+
+import costmodel
+from costmodel._siblings import MeasuredRanks, affinity
+
+A4000, A6000, A100 = ("replay:NVIDIA RTX A4000", "replay:NVIDIA RTX A6000",
+                      "replay:NVIDIA A100-PCIE-40GB")
+MI250X, W7800 = "replay:MI250X", "replay:AMD Radeon PRO W7800"
+CONFIGS = [{"block": b, "tile": t} for b in (32, 64, 128, 256, 512) for t in (1, 2, 3, 4, 6, 8)]
+
+
+def nvidia_time(c: dict) -> float:  # NVIDIA GPUs: big blocks, small tiles are fast
+    return 1e-3 * (1 + 0.3 * abs(np.log2(c["block"]) - 8) + 0.1 * c["tile"])
+
+
+def amd_time(c: dict) -> float:  # AMD GPUs: the other way round
+    return 1e-3 * (1 + 0.3 * abs(np.log2(c["block"]) - 5) + 0.1 * (9 - c["tile"]))
+
+
+def space(device: str, time=None) -> list[costmodel.Sample]:
+    spec = costmodel.spec_for_key(device)
+    out = []
+    for c in CONFIGS:
+        s = costmodel.featurize_params(c, ["block", "tile"], [4096], spec, group=f"k@{device}",
+                                       program="k", device=device)
+        if time is not None:
+            s.seconds = time(c)
+        out.append(s)
+    return out
+
+
+def test_affinity_is_vendor_then_architecture() -> None:
+    assert affinity(A6000, A4000) == 4.0  # both sm_86
+    assert affinity(A6000, A100) == 1.0  # sm_80: same vendor runtime
+    assert affinity(A6000, MI250X) == 0.0
+    assert affinity(W7800, MI250X) == 1.0
+
+
+def test_measured_ranks_never_use_the_device_itself() -> None:
+    ranks = MeasuredRanks(space(A4000, nvidia_time) + space(MI250X, amd_time))
+    # the A4000's own configs: only the MI250X measured them too, and it is another vendor
+    assert np.isnan(ranks.ranks(space(A4000))).all()
+    mine = ranks.ranks(space(A6000))
+    assert kendalltau(mine, [nvidia_time(c) for c in CONFIGS]).statistic > 0.99
+
+
+def test_a_gpu_never_trained_on_ranks_like_its_own_vendors_gpus() -> None:
+    train = (space(A4000, nvidia_time) + space(A100, nvidia_time) + space(MI250X, amd_time))
+    model = costmodel.make_model("gbdt", trees=40, leaves=7)
+    model.fit(train)
+    for device, time in ((A6000, nvidia_time), (W7800, amd_time)):
+        pred = model.predict(space(device))
+        truth = [time(c) for c in CONFIGS]
+        assert kendalltau(pred, truth).statistic > 0.8, device
+    # a device it trained on keeps the model's own order (its measurements taught it)
+    pred = model.predict(space(A4000))
+    assert kendalltau(pred, [nvidia_time(c) for c in CONFIGS]).statistic > 0.8
