@@ -26,7 +26,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from ._features import DEVICE_DIM, FEATURE_VERSION, GRAPH_DIM, NODE_DIM, OPCODES, Sample
-from ._siblings import MeasuredRanks, blend
+from ._siblings import MeasuredRanks, affinity, blend
 
 MODEL_KINDS = ("roofline", "gbdt", "graphsage")
 
@@ -175,15 +175,17 @@ class LearnedModel(CostModel):
         return blend(shape, sibling, group_rows(samples))
 
     def adapt(self, measured: Sequence[Sample]) -> dict[str, dict]:
-        """Per device of ``measured`` (at least 3 configs): rank its measured configs as each
-        known device would (its features substituted) and as the zero-shot prediction does
-        (its own features, the siblings' measured order blended in: ``_siblings``), and take the known device that ranks them best in place of its
-        own features for its shape from now on — only when it beats the zero-shot ranking's
-        Kendall tau there by more than ``SWITCH_SE`` standard errors of tau on that many
-        configs (0.37 at 16: the shots are chosen near the model's predicted best, so their
-        tau is noisy; mixing the three best by tau^4, the rule before, made the convolution
-        W7800's 16-shot tau 0.07 against 0.45 zero-shot).  Its level is shifted by the mean
-        measured - predicted log time.  (docs/costmodel.md: few-shot)"""
+        """Per device of ``measured`` (at least 3 configs): rank its measured configs as the
+        zero-shot prediction does (its own features, the siblings' measured order blended in:
+        ``_siblings``) and as each known device of its vendor runtime would (its features
+        substituted; any known device where none is of its vendor), and take the known device
+        that ranks them best in place of its own features for its shape from now on — only
+        when it beats the zero-shot ranking's Kendall tau there by more than ``SWITCH_SE``
+        standard errors of tau on that many configs (0.37 at 16: the shots are chosen near the
+        model's predicted best, so their tau is noisy; mixing the three best by tau^4, the
+        rule before, made the convolution W7800's 16-shot tau 0.07 against 0.45 zero-shot).
+        Its level is shifted by the mean measured - predicted log time.
+        (docs/costmodel.md: few-shot)"""
         by_device: dict[str, list[Sample]] = defaultdict(list)
         for s in measured:
             if s.seconds > 0 and math.isfinite(s.seconds):
@@ -194,8 +196,12 @@ class LearnedModel(CostModel):
                 continue
             logt = np.log([s.seconds for s in rows])
             own = rows[0].graph[-DEVICE_DIM:].copy()
-            candidates = [(device + " (zero-shot)", own)] + [
-                (k, v) for k, v in self.devices.items() if k != device]
+            known = [(k, v) for k, v in self.devices.items() if k != device]
+            # another vendor's ranking is no candidate where the vendor has one of its own:
+            # on 16 shots near the predicted best it could look better by chance (the
+            # dedispersion W6600 took the A6000's: 0.53 -> 0.43 on the rest of its space)
+            kin = [(k, v) for k, v in known if affinity(device, k) > 0]
+            candidates = [(device + " (zero-shot)", own)] + (kin or known)
             taus = []
             for n, (_, vec) in enumerate(candidates):
                 shape = self._raw(with_device(rows, vec))[1]
@@ -207,6 +213,11 @@ class LearnedModel(CostModel):
             n = len(rows)
             se = math.sqrt(2 * (2 * n + 5) / (9 * n * (n - 1)))
             chosen = best if taus[best] - taus[0] > self.SWITCH_SE * se else 0
+            if self._has_siblings(rows):
+                # the zero-shot order already draws on the known devices' measurements of
+                # these configs; shots near the predicted best rarely tell which device this
+                # one follows (docs/costmodel.md: few-shot), so only the level is refitted
+                chosen = 0
             self.mixes.pop(device, None)
             if chosen:
                 self.mixes[device] = [(1.0, candidates[chosen][1])]
@@ -217,6 +228,10 @@ class LearnedModel(CostModel):
                            "tau": {name: round(t, 3) for (name, _), t in zip(candidates, taus,
                                                                                strict=True)}}
         return out
+
+    def _has_siblings(self, samples: Sequence[Sample]) -> bool:
+        measured = getattr(self, "measured", None)
+        return measured is not None and not np.isnan(measured.ranks(samples)).all()
 
     def _levels(self, samples: Sequence[Sample]) -> np.ndarray:
         level, _ = self._raw(samples)

@@ -61,3 +61,18 @@ def test_a_gpu_never_trained_on_ranks_like_its_own_vendors_gpus() -> None:
     # a device it trained on keeps the model's own order (its measurements taught it)
     pred = model.predict(space(A4000))
     assert kendalltau(pred, [nvidia_time(c) for c in CONFIGS]).statistic > 0.8
+
+
+def test_shots_of_a_gpu_with_measured_siblings_refit_its_level_not_its_order() -> None:
+    train = (space(A4000, nvidia_time) + space(A100, nvidia_time) + space(MI250X, amd_time))
+    model = costmodel.make_model("gbdt", trees=40, leaves=7)
+    model.fit(train)
+    before = model.predict(space(A6000))
+    shots = space(A6000, lambda c: 3 * nvidia_time(c))[:8]  # 3x slower than its siblings
+    info = model.adapt(shots)[A6000]
+    assert A6000 not in model.mixes and info["shape_from"] == f"{A6000} (zero-shot)"
+    assert MI250X not in info["tau"]  # another vendor's ranking was no candidate
+    after = model.predict(space(A6000))
+    assert np.array_equal(np.argsort(after), np.argsort(before))
+    truth = np.asarray([3 * nvidia_time(c) for c in CONFIGS])
+    assert np.abs(np.log(after / truth)).mean() < np.abs(np.log(before / truth)).mean()
