@@ -21,7 +21,8 @@ them out of its own.  Strategies:
   configuration, then corrects the ranking with what it measured (the residual of measured
   configurations, spread to their neighbours by how many parameters they share) and repeats;
   after 4, 8 and 16 measurements it re-learns the GPU from them (``CostModel.adapt``) — the
-  rule of ``sampler: model`` (tuner/samplers/model.py);
+  rule of ``sampler: model``, run by the sampler's own class (``GuidedRanking``,
+  tuner/samplers/model.py), with a small noise added per seed to break ties;
 - Kernel Tuner 1.5's strategies (``kernel_tuner.tune_cache``, its simulation mode on the
   un-gzipped file), seeded through ``random`` and ``numpy.random``.
 
@@ -36,7 +37,6 @@ optimum: 0 is random search, 1 finds the optimum at once.
 from __future__ import annotations
 
 import argparse
-import copy
 import gzip
 import json
 import math
@@ -61,6 +61,7 @@ from costmodel import (  # noqa: E402
     make_model,
     read_kernel_tuner,
 )
+from tuner.samplers.model import ADAPT_AT, GuidedRanking  # noqa: E402
 
 TARGET = 1.05
 
@@ -166,9 +167,6 @@ def model_for_target(spaces: list[Space], target: Space, kind: str, **options):
     return model
 
 
-ADAPT_AT = (4, 8, 16)  # as tuner/samplers/model.py: the device re-learned from its shots
-
-
 def memoize_raw(model) -> None:
     """Remember ``model``'s raw predictions per feature row, so that the 20 seeds of a row
     (and the re-predictions after each ``adapt``) do not ask LightGBM again for rows it has
@@ -192,78 +190,41 @@ def memoize_raw(model) -> None:
 
 def run_model(space: Space, model, samples: list, seed: int, budget: int,
               adapt: bool = True) -> list[int]:
-    """The rule of ``sampler: model`` (tuner/samplers/model.py): measure the best-ranked
-    unmeasured config; correct the ranking by the residuals of measured ones, weighted
-    2^-(parameters that differ); after 4, 8 and 16 measurements re-learn the device from them
-    (``CostModel.adapt``, on a copy of the model); repeat.  The correction's sums are kept
-    from step to step (added in the same order as summing them afresh: the same numbers) and
-    summed afresh when ``adapt`` changes the prediction."""
-    model = copy.copy(model)
-    model.offsets, model.mixes = dict(model.offsets), dict(model.mixes)
-    predicted = np.log(model.predict(samples))
-    rng = np.random.default_rng(seed)
-    noise = rng.normal(0.0, 0.01, len(predicted))  # ties broken per seed
-    measured = np.zeros(len(predicted), bool)
+    """The configs the rule of ``sampler: model`` measures on ``space``, in order: the
+    sampler's own ``GuidedRanking`` (the device re-learned after 4, 8 and 16 measurements, or
+    never where ``adapt`` is false), its ties broken by a noise drawn from ``seed``."""
+    ranking = GuidedRanking(model, samples, space.codes, adapt_at=ADAPT_AT if adapt else (),
+                            tie_break=seed)
     order: list[int] = []
-    num = np.zeros(len(predicted))
-    den = np.ones(len(predicted))  # a prior weight of 1 on "the model is right"
-    weights: list[np.ndarray] = []
-
-    def add(k: int) -> None:
-        i = order[k]
-        np.add(num, weights[k] * (math.log(space.times[i]) - predicted[i]), out=num)
-        np.add(den, weights[k], out=den)
-
-    for _ in range(min(budget, len(predicted))):
-        if adapt and len(order) in ADAPT_AT:
-            shots = []
-            for i in order:
-                shot = copy.copy(samples[i])
-                shot.seconds = float(space.times[i])
-                shots.append(shot)
-            model.adapt(shots)
-            predicted = np.log(model.predict(samples))
-            num[:], den[:] = 0.0, 1.0
-            for k in range(len(order)):
-                add(k)
-        current = np.where(measured, np.inf, predicted + noise + num / den)
-        i = int(np.argmin(current))
+    for _ in range(min(budget, len(samples))):
+        i = ranking.next()
+        assert i is not None  # fewer measurements than configs
+        ranking.observe(i, space.times[i])
         order.append(i)
-        measured[i] = True
-        weights.append(2.0 ** -(space.codes != space.codes[i]).sum(1))
-        add(len(order) - 1)
     return order
 
 
 def few_shot(space: Space, model, samples: list, shots: int = 16) -> dict:
     """Ranking of the rest of the space after ``shots`` configs chosen and measured by the
-    model-guided rule (seed 0): the adapted model's prediction corrected by the residuals of
-    the measured ones, scored on the configs not measured (Kendall tau, top-1 slowdown)."""
+    model-guided rule (seed 0): a fresh copy of the model adapted to all of them, its
+    prediction corrected by the residuals of the measured ones, scored on the configs not
+    measured (Kendall tau, top-1 slowdown)."""
     from costmodel import evaluate
 
     order = run_model(space, model, samples, 0, shots)
-    model = copy.copy(model)
-    model.offsets, model.mixes = dict(model.offsets), dict(model.mixes)
-    measured = []
+    ranking = GuidedRanking(model, samples, space.codes, adapt_at=())
     for i in order:
-        shot = copy.copy(samples[i])
-        shot.seconds = float(space.times[i])
-        measured.append(shot)
-    model.adapt(measured)
-    predicted = np.log(model.predict(samples))
-    num, den = np.zeros(len(predicted)), np.ones(len(predicted))
-    for i in order:
-        weight = 2.0 ** -(space.codes != space.codes[i]).sum(1)
-        num += weight * (math.log(space.times[i]) - predicted[i])
-        den += weight
-    rest = np.setdiff1d(np.arange(len(predicted)), order)
-    m = evaluate(["g"] * len(rest), space.times[rest], np.exp((predicted + num / den)[rest]))
+        ranking.observe(i, space.times[i])
+    ranking.adapt()
+    corrected = ranking.corrected()
+    rest = np.setdiff1d(np.arange(len(corrected)), order)
+    m = evaluate(["g"] * len(rest), space.times[rest], np.exp(corrected[rest]))
     best_seen = float(min(space.times[order]))
     return {"shots": shots, "kendall_tau": m["kendall_tau"],
             "top1_slowdown": m["top1_slowdown"],
             # what a tuner ends with: the best of the shots and the model's pick
             "best_after": min(best_seen, float(space.times[rest][np.argmin(
-                (predicted + num / den)[rest])])) / space.best - 1}
+                corrected[rest])])) / space.best - 1}
 
 
 def run_kernel_tuner(space: Space, strategy: str, seed: int, budget: int, plain: Path

@@ -26,8 +26,9 @@ import torch
 from search import KernelGraph, Program, ShapeError, structural_hash
 
 from ..mirage_compat import to_program
-from .aten import Emitted, op_name
+from .aten import op_name
 from .direct import direct_function, why_not_direct
+from .emitter import Emitted
 from .options import Options, make_options
 from .regions import Region, partition
 from .report import GraphReport, RegionReport, Report

@@ -2,7 +2,7 @@
 
 Greedy, in graph order: each node the table can write joins the region(s) of its operands when
 the union is still *convex* (no path leaves it and comes back: the region must be able to run
-as one call), still writes as one kernel graph (``aten.emit_region``) and stays within
+as one call), still writes as one kernel graph (``emitter.emit_region``) and stays within
 ``max_ops`` compute ops (what the search finishes in its time limit; partitioning whole layers
 is a separate piece of work; one ATen op, such as a layer_norm, is a region even where it is
 larger); else it joins the largest one it can, else starts its own.  A
@@ -17,7 +17,8 @@ from typing import Any
 
 from search import ELEMENTWISE_OPS
 
-from .aten import FREE_OPS, HANDLERS, Emitted, Unsupported, emit_region, is_node, meta, op_name
+from .aten import FREE_OPS, HANDLERS, Unsupported, is_node, meta, op_name
+from .emitter import Emitted, emit_region
 
 # producers the table writes only together with their consumer (masked_fill with the softmax
 # it feeds, layer_norm with the getitem taking its output)

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from .aten import Emitted, meta
+from .aten import meta
+from .emitter import Emitted
 
 _KERNELS: dict[str, tuple[Callable[..., list], list[tuple[int, ...]], torch.dtype]] = {}
 _COPIES: dict[int, tuple[Any, int, tuple, torch.Tensor]] = {}

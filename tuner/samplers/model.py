@@ -9,8 +9,9 @@ and repeats.  After 4, 8 and 16 measurements it also re-fits the model's view of
 from them (``CostModel.adapt``: which known devices' rankings the measured configs follow),
 so a device the model never saw is learned from its first few configs (few-shot).  A Kernel
 Tuner space (no µGraph) is predicted from its parameters.  The AStitch default and its warm-start neighbours still go first (they are
-enqueued trials, which Optuna hands out before asking a sampler).  benchmarks/strategies.py
-measures the same rule on real GPU spaces against Kernel Tuner's strategies.
+enqueued trials, which Optuna hands out before asking a sampler).  The rule is
+``GuidedRanking``; benchmarks/strategies.py runs that same class on real GPU spaces against
+Kernel Tuner's strategies.
 """
 
 from __future__ import annotations
@@ -31,21 +32,122 @@ from costmodel import CostModel, Sample, device_profile, featurize, featurize_pa
 
 from .registry import make_sampler
 
+ADAPT_AT = (4, 8, 16)  # measurements after which the device is re-learned from them
+
+
+class GuidedRanking:
+    """The model-guided tuning rule, written once: ``ModelSampler`` runs it in a launch and
+    benchmarks/strategies.py replays it on Kernel Tuner caches, so what the benchmark measures
+    is what ``sampler: model`` does.
+
+    ``next`` is the best-ranked config not measured yet.  The ranking is the model's predicted
+    log time of each config (of ``samples``), corrected by what was measured (``observe``):
+    each measured config's residual (log measured / predicted) is spread to every config,
+    weighted 2^-(number of parameters that differ, ``codes`` being one row of integer
+    parameter values per config), against a prior weight of 1 on the model.  Once the
+    measurements reach a count in ``adapt_at``, the device is re-learned from all of them
+    (``CostModel.adapt``, on this ranking's own copy of the model: the caller's model is left
+    as it was) before the next ranking.  ``tie_break``: a seed for a N(0, 0.01) noise added to
+    the ranking (not to ``corrected``), so that ties fall differently per seed (the
+    benchmark's seeds; a launch adds none).
+
+    The correction's sums are kept from one measurement to the next, added in the order in
+    which summing them afresh would add them (so the same numbers), and summed afresh only
+    when ``adapt`` changes the prediction: the benchmark ranks spaces of ~10^4 configs a few
+    hundred times a seed."""
+
+    def __init__(self, model: CostModel, samples: Sequence[Sample], codes: np.ndarray, *,
+                 adapt_at: Sequence[int] = ADAPT_AT, tie_break: int | None = None) -> None:
+        self.model = copy.copy(model)
+        self.model.offsets, self.model.mixes = dict(model.offsets), dict(model.mixes)
+        self.samples, self.codes, self.adapt_at = samples, codes, tuple(adapt_at)
+        self.predicted = self._predict()  # log seconds per config, as the model has it now
+        n = len(self.predicted)
+        self._noise = (None if tie_break is None
+                       else np.random.default_rng(tie_break).normal(0.0, 0.01, n))
+        self.measured: list[tuple[int, float]] = []  # (config, seconds), in measured order
+        self._weights: list[np.ndarray] = []  # per measurement: its weight on every config
+        self._taken = np.zeros(n, bool)
+        self._num = np.zeros(n)
+        self._den = np.ones(n)  # the prior weight of 1 on "the model is right"
+        self._adapted_at = 0
+
+    def _predict(self) -> np.ndarray:
+        """Predicted log seconds of every config (floored at 1 ps: the log of a 0 is -inf)."""
+        return np.log(np.maximum(self.model.predict(self.samples), 1e-12))
+
+    def observe(self, index: int, seconds: float) -> None:
+        """Config ``index`` was measured at ``seconds``."""
+        self.measured.append((index, float(seconds)))
+        self._taken[index] = True
+        self._weights.append(2.0 ** -(self.codes != self.codes[index]).sum(1))
+        self._add(len(self.measured) - 1)
+
+    def sync(self, measured: Sequence[tuple[int, float]]) -> None:
+        """Make ``measured`` (every measurement so far, in order) the ranking's: those after
+        the ones it has are observed; a history that does not extend its own (a trial that
+        finished before an earlier one) replaces it, summed afresh in its order."""
+        n = len(self.measured)
+        if list(measured[:n]) != self.measured:
+            self.measured, self._weights, n = [], [], 0
+            self._taken[:] = False
+            self._num[:], self._den[:] = 0.0, 1.0
+        for index, seconds in measured[n:]:
+            self.observe(index, seconds)
+
+    def adapt(self) -> None:
+        """Re-learn the device from every measurement so far; the correction is summed afresh
+        against the new prediction."""
+        shots = []
+        for index, seconds in self.measured:
+            shot = copy.copy(self.samples[index])
+            shot.seconds = seconds
+            shots.append(shot)
+        self.model.adapt(shots)
+        self.predicted = self._predict()
+        self._num[:], self._den[:] = 0.0, 1.0
+        for k in range(len(self.measured)):
+            self._add(k)
+        self._adapted_at = len(self.measured)
+
+    def corrected(self) -> np.ndarray:
+        """Every config's predicted log time corrected by the measurements (no tie noise)."""
+        self._adapt_if_due()
+        return self.predicted + self._num / self._den
+
+    def next(self, exclude: np.ndarray | None = None) -> int | None:
+        """The best-ranked config neither measured nor in ``exclude`` (a mask: configs tried
+        without a measurement, as a failed trial); None when no config is left."""
+        self._adapt_if_due()
+        out = self._taken if exclude is None else self._taken | exclude
+        if out.all():
+            return None
+        score = self.predicted if self._noise is None else self.predicted + self._noise
+        return int(np.argmin(np.where(out, np.inf, score + self._num / self._den)))
+
+    def _adapt_if_due(self) -> None:
+        if any(self._adapted_at < k <= len(self.measured) for k in self.adapt_at):
+            self.adapt()
+
+    def _add(self, k: int) -> None:
+        index, seconds = self.measured[k]
+        residual = math.log(seconds) - self.predicted[index]
+        np.add(self._num, self._weights[k] * residual, out=self._num)
+        np.add(self._den, self._weights[k], out=self._den)
+
 
 class ModelSampler(BaseSampler):
-    """An Optuna sampler ranked by a ``costmodel.CostModel``; ``bind`` gives it the study's
-    structure, device and config space before the first ask."""
+    """An Optuna sampler ranked by a ``costmodel.CostModel`` (``GuidedRanking``); ``bind``
+    gives it the study's structure, device and config space before the first ask."""
 
     def __init__(self, model: CostModel, *, seed: int = 0, candidates: int = 2048) -> None:
         self.model, self.seed, self.candidates = model, seed, candidates
         self._fallback = make_sampler("random", seed)
         self._params: list[dict[str, Any]] = []
+        self._names: list[str] = []
         self._index: dict[tuple, int] = {}
-        self._predicted = np.zeros(0)
-        self._codes = np.zeros((0, 0), np.int64)
         self._dists: dict[str, BaseDistribution] = {}
-        self._samples: list[Sample] = []
-        self._adapted_at = 0
+        self._ranking: GuidedRanking | None = None
 
     def bind(self, task: Any, codec: Any, dists: dict[str, BaseDistribution]) -> None:
         """Predict the candidates of ``task.space`` (a ``tuner.pipeline.tune.StudyTask``)."""
@@ -54,29 +156,12 @@ class ModelSampler(BaseSampler):
             configs = random.Random(self.seed).sample(configs, self.candidates)
         self._dists = dict(dists)
         self._params = [codec.encode(c) for c in configs]
-        names = sorted(dists)
+        self._names = names = sorted(dists)
         self._index = {tuple(p[n] for n in names): i for i, p in enumerate(self._params)}
-        self._codes = np.asarray([[p[n] for n in names] for p in self._params], np.int64)
-        self._names = names
-        if not configs:
-            self._predicted = np.zeros(0)
-            return
-        self.model = copy.copy(self.model)  # adapt() below learns this study's device only
-        self.model.offsets, self.model.mixes = dict(self.model.offsets), dict(self.model.mixes)
-        self._samples = study_samples(task, configs)
-        self._predicted = np.log(np.maximum(self.model.predict(self._samples), 1e-12))
-
-    ADAPT_AT = (4, 8, 16)  # measurements after which the device is re-learned from them
-
-    def _adapt(self, measured: list[tuple[int, float]]) -> None:
-        shots = []
-        for i, value in measured:
-            s = copy.copy(self._samples[i])
-            s.seconds = value
-            shots.append(s)
-        self.model.adapt(shots)
-        self._predicted = np.log(np.maximum(self.model.predict(self._samples), 1e-12))
-        self._adapted_at = len(measured)
+        self._ranking = None
+        if configs:
+            codes = np.asarray([[p[n] for n in names] for p in self._params], np.int64)
+            self._ranking = GuidedRanking(self.model, study_samples(task, configs), codes)
 
     # -- Optuna's sampler interface ---------------------------------------------------------
 
@@ -86,9 +171,9 @@ class ModelSampler(BaseSampler):
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if not len(self._predicted):
+        if self._ranking is None:
             return {}
-        tried = np.zeros(len(self._predicted), bool)
+        tried = np.zeros(len(self._params), bool)
         measured: list[tuple[int, float]] = []
         for past in study.get_trials(deepcopy=False):
             i = self._index.get(tuple(past.params.get(n) for n in self._names))
@@ -97,20 +182,9 @@ class ModelSampler(BaseSampler):
             tried[i] = True
             if past.state == TrialState.COMPLETE and past.value and past.value > 0:
                 measured.append((i, float(past.value)))
-        due = [k for k in self.ADAPT_AT if self._adapted_at < k <= len(measured)]
-        if due:
-            self._adapt(measured)
-        num = np.zeros(len(self._predicted))
-        den = np.ones(len(self._predicted))
-        for i, value in measured:
-            residual = math.log(value) - self._predicted[i]
-            weight = 2.0 ** -(self._codes != self._codes[i]).sum(1)
-            num += weight * residual
-            den += weight
-        if tried.all():
-            return {}
-        score = np.where(tried, np.inf, self._predicted + num / den)
-        return dict(self._params[int(np.argmin(score))])
+        self._ranking.sync(measured)
+        best = self._ranking.next(exclude=tried)
+        return {} if best is None else dict(self._params[best])
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
