@@ -35,6 +35,13 @@ def space(device: str, time=None) -> list[costmodel.Sample]:
     return out
 
 
+def trained() -> costmodel.CostModel:
+    """Small trees on two NVIDIA GPUs (an sm_86 and an sm_80) and one AMD GPU."""
+    model = costmodel.make_model("gbdt", trees=40, leaves=7)
+    model.fit(space(A4000, nvidia_time) + space(A100, nvidia_time) + space(MI250X, amd_time))
+    return model
+
+
 def test_affinity_is_vendor_then_architecture() -> None:
     assert affinity(A6000, A4000) == 4.0  # both sm_86
     assert affinity(A6000, A100) == 1.0  # sm_80: same vendor runtime
@@ -51,9 +58,7 @@ def test_measured_ranks_never_use_the_device_itself() -> None:
 
 
 def test_a_gpu_never_trained_on_ranks_like_its_own_vendors_gpus() -> None:
-    train = (space(A4000, nvidia_time) + space(A100, nvidia_time) + space(MI250X, amd_time))
-    model = costmodel.make_model("gbdt", trees=40, leaves=7)
-    model.fit(train)
+    model = trained()
     for device, time in ((A6000, nvidia_time), (W7800, amd_time)):
         pred = model.predict(space(device))
         truth = [time(c) for c in CONFIGS]
@@ -64,9 +69,7 @@ def test_a_gpu_never_trained_on_ranks_like_its_own_vendors_gpus() -> None:
 
 
 def test_shots_of_a_gpu_with_measured_siblings_refit_its_level_not_its_order() -> None:
-    train = (space(A4000, nvidia_time) + space(A100, nvidia_time) + space(MI250X, amd_time))
-    model = costmodel.make_model("gbdt", trees=40, leaves=7)
-    model.fit(train)
+    model = trained()
     before = model.predict(space(A6000))
     shots = space(A6000, lambda c: 3 * nvidia_time(c))[:8]  # 3x slower than its siblings
     info = model.adapt(shots)[A6000]
