@@ -184,8 +184,9 @@ class LearnedModel(CostModel):
         standard errors of tau on that many configs (0.37 at 16: the shots are chosen near the
         model's predicted best, so their tau is noisy; mixing the three best by tau^4, the
         rule before, made the convolution W7800's 16-shot tau 0.07 against 0.45 zero-shot).
-        Its level is shifted by the mean measured - predicted log time.
-        (docs/costmodel.md: few-shot)"""
+        Where the known devices measured these configs, the order stays the zero-shot one
+        and only the level learns.  Its level is shifted by the mean measured - predicted log
+        time.  (docs/costmodel.md: Any device)"""
         by_device: dict[str, list[Sample]] = defaultdict(list)
         for s in measured:
             if s.seconds > 0 and math.isfinite(s.seconds):
