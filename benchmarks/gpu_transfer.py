@@ -106,6 +106,10 @@ def _curve(space, others: list[dict], sizes: list[int], draws: int = 3) -> dict[
     y = np.log([t for _, t in ran])
     out = {}
     for n in sizes:
+        if n > len(y) - 2:  # nothing left to rank
+            print(f"--curve {n}: {space.device} has only {len(y)} configs that ran; give "
+                  "fewer", file=sys.stderr)
+            raise SystemExit(2)
         taus = []
         for seed in range(draws):
             idx = np.random.default_rng(seed).permutation(len(y))
@@ -130,13 +134,22 @@ def main(argv: list[str] | None = None) -> int:
                          "(e.g. 16,64,256,1024)")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
+    try:
+        curve = [int(n) for n in args.curve.split(",") if n.strip()]
+    except ValueError:
+        print(f"--curve {args.curve!r}: give whole numbers of configs, e.g. 16,64,256",
+              file=sys.stderr)
+        return 2
+    if any(n < 2 for n in curve):
+        print(f"--curve {args.curve!r}: each number of configs must be at least 2",
+              file=sys.stderr)
+        return 2
     out = {}
     for space in args.spaces.split(","):
         files = sorted((Path(args.caches) / space).glob("*.json*"))
         if len(files) < 2:
             print(f"{space}: fewer than two caches under {args.caches}", file=sys.stderr)
             return 2
-        curve = [int(n) for n in args.curve.split(",") if n]
         res = out[space] = transfer(files, curve)
         short = [g.split()[-1][:10] for g in res["gpus"]]
         print(f"\n{space}: Kendall tau between GPUs (configurations that ran on both)")

@@ -71,7 +71,8 @@ class MeasuredRanks:
         self.z = dict(self.z)
 
     def ranks(self, samples: Sequence[Sample]) -> np.ndarray:
-        """The other devices' affinity-weighted mean normal score of each sample's config (nan where no device of any affinity measured it)."""
+        """The other devices' affinity-weighted mean normal score of each sample's config
+        (nan where no device of any affinity measured it)."""
         out = np.full(len(samples), np.nan)
         weight: dict[tuple[str, str], float] = {}
         for i, s in enumerate(samples):
