@@ -1,4 +1,5 @@
-"""Three models behind one face: the roofline, gradient-boosted trees, GraphSAGE (seed 001).
+"""Three models behind one face: the roofline, gradient-boosted trees (``_gbdt``), GraphSAGE
+(``_sage``, seed 001).
 
 ``fit(samples)`` learns log seconds; ``predict(samples)`` returns seconds; ``to_bytes`` /
 ``load_model`` move a trained model through the database.  The roofline is the analytical
@@ -13,10 +14,8 @@ of one group (its tile task).
 
 from __future__ import annotations
 
-import io
 import math
 import pickle
-import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -25,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 from scipy.stats import kendalltau
 
-from ._features import DEVICE_DIM, FEATURE_VERSION, GRAPH_DIM, NODE_DIM, OPCODES, Sample
+from ._features import DEVICE_DIM, FEATURE_VERSION, Sample
 from ._siblings import MeasuredRanks, affinity, blend
 
 MODEL_KINDS = ("roofline", "gbdt", "graphsage")
@@ -73,8 +72,12 @@ def make_model(kind: str, **options) -> CostModel:
     if kind == "roofline":
         return RooflineModel()
     if kind == "gbdt":
+        from ._gbdt import GbdtModel
+
         return GbdtModel(**options)
     if kind == "graphsage":
+        from ._sage import SageModel
+
         return SageModel(**options)
     raise ValueError(f"unknown model kind {kind!r}; use one of {', '.join(MODEL_KINDS)}")
 
@@ -260,253 +263,15 @@ class LearnedModel(CostModel):
         return False
 
 
-class GbdtModel(LearnedModel):
-    """LightGBM on flat features (``Sample.flat``): one booster regresses log seconds (the
-    level), the other learns the shape — by default (``shape_objective="lambdarank"``) as a
-    ranking, LightGBM's lambdarank over queries of one group (a structure or a Kernel Tuner
-    space on one device), graded by each config's rank in its group, so a group's scale never
-    enters (leave-one-GPU-out zero-shot tau 0.544 -> 0.567 convolution, 0.596 -> 0.605
-    dedispersion; CPU programs held out 0.361 -> 0.418; 400 / 300 trees of 63 leaves, same
-    folds, docs/costmodel.md); ``"regression"``: the within-group standardised log seconds,
-    the rule before.  ``time_budget_s`` stops boosting early (half of it each), for the
-    retrain at the end of a launch."""
+def __getattr__(name: str):
+    """Models stored before the learned kinds moved to ``_gbdt`` / ``_sage`` name their class
+    here; unpickling them still finds it."""
+    if name == "GbdtModel":
+        from ._gbdt import GbdtModel
 
-    kind = "gbdt"
+        return GbdtModel
+    if name == "SageModel":
+        from ._sage import SageModel
 
-    # 1200 trees of 255 leaves: convolution random split tau 0.87 -> 0.92 over 400 of 63
-    # (Intel Xeon, 2 cores, under load; benchmarks/costmodel.py)
-    RANK_GRADES = 32  # relevance grades of a lambdarank query: the within-group rank, binned
-    RANK_QUERY = 256  # rows per lambdarank query: larger groups are cut into random chunks
-
-    def __init__(self, trees: int = 1200, leaves: int = 255, threads: int | None = None,
-                 time_budget_s: float | None = None, shape_objective: str = "lambdarank"
-                 ) -> None:
-        super().__init__()
-        self.trees, self.leaves, self.threads = trees, leaves, threads
-        self.time_budget_s = time_budget_s
-        if shape_objective not in ("regression", "lambdarank"):
-            raise ValueError(f"shape_objective {shape_objective!r}: use regression or "
-                             "lambdarank")
-        self.shape_objective = shape_objective
-
-    def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
-        import lightgbm
-
-        x = np.stack([s.flat() for s in samples])
-        logt = np.log([s.seconds for s in samples])
-        # one thread unless asked: on a loaded 2-core machine OpenMP's barriers cost more than
-        # the trees (a 526-row fit: 4.7 s on one thread, over 5 minutes on two)
-        threads = self.threads or 1
-        params = {"objective": "regression", "num_leaves": self.leaves, "learning_rate": 0.05,
-                  "min_data_in_leaf": 5, "bagging_fraction": 0.9, "bagging_freq": 1,
-                  "feature_fraction": 0.9, "num_threads": threads, "seed": seed,
-                  "verbose": -1}
-
-        def boost(y: np.ndarray, rank: bool = False):
-            callbacks = []
-            if self.time_budget_s is not None:
-                end = time.perf_counter() + self.time_budget_s / 2
-
-                def stop(env) -> None:
-                    if time.perf_counter() > end:
-                        if progress:
-                            progress(f"gbdt: time budget reached at tree {env.iteration + 1}")
-                        raise lightgbm.callback.EarlyStopException(env.iteration, [])
-                callbacks.append(stop)
-            if not rank:
-                return lightgbm.train(params, lightgbm.Dataset(x, y), self.trees,
-                                      callbacks=callbacks)
-            order, sizes, grades = self._queries(logt, group_rows(samples), seed)
-            ranked = {**params, "objective": "lambdarank",
-                      "label_gain": list(range(self.RANK_GRADES)),
-                      "lambdarank_truncation_level": self.RANK_QUERY}
-            return lightgbm.train(ranked, lightgbm.Dataset(x[order], grades, group=sizes),
-                                  self.trees, callbacks=callbacks)
-
-        self.level = boost(logt)
-        if self.shape_objective == "lambdarank":
-            self.shape = boost(logt, rank=True)
-        else:
-            self.shape = boost(within_group(logt, group_rows(samples)))
-        self.remember(samples)
-
-    @property
-    def ordinal_shape(self) -> bool:
-        return getattr(self, "shape_objective", "regression") == "lambdarank"
-
-    def _queries(self, logt: np.ndarray, groups: Sequence[np.ndarray], seed: int
-                 ) -> tuple[np.ndarray, list[int], np.ndarray]:
-        """Lambdarank's queries: each group (one space on one device) cut into random chunks
-        of at most ``RANK_QUERY`` rows (its pairs are O(rows^2): a 10k-config space would be
-        10^8 pairs a tree; random chunks sample the same pairs without bias), each row graded
-        0 (slowest of its group) .. ``RANK_GRADES`` - 1 (fastest) by its rank in the whole
-        group.  Returns (row order, query sizes, grades in that order)."""
-        rng = np.random.default_rng(seed)
-        order: list[np.ndarray] = []
-        sizes: list[int] = []
-        grades = np.zeros(len(logt))
-        for idx in groups:
-            rank = np.argsort(np.argsort(-logt[idx], kind="stable"), kind="stable")
-            grades[idx] = np.floor((self.RANK_GRADES - 1) * rank / max(len(idx) - 1, 1))
-            shuffled = rng.permutation(idx)
-            for start in range(0, len(idx), self.RANK_QUERY):
-                chunk = shuffled[start:start + self.RANK_QUERY]
-                order.append(chunk)
-                sizes.append(len(chunk))
-        rows = np.concatenate(order)
-        return rows, sizes, grades[rows]
-
-    def _raw(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
-        x = np.stack([s.flat() for s in samples])
-        shape = np.asarray(self.shape.predict(x))
-        if getattr(self, "shape_objective", "regression") == "lambdarank":
-            shape = -shape  # a lambdarank score is higher for faster: shape is log-time-like
-        return np.asarray(self.level.predict(x)), shape
-
-
-class SageModel(LearnedModel):
-    """GraphSAGE over the op graph (see the module docstring)."""
-
-    kind = "graphsage"
-
-    # defaults from the convolution caches' random split (AMD EPYC, 2 cores): 800 steps of
-    # 4 x 64 rows gave tau 0.65, 6000 steps of 2 x 512 rows, 128 wide, lr 5e-3 gave 0.84
-    def __init__(self, hidden: int = 128, layers: int = 2, steps: int = 6000,
-                 batch_groups: int = 2, group_rows: int = 512, rank_weight: float = 1.0,
-                 time_budget_s: float = 540.0, threads: int = 2, lr: float = 5e-3) -> None:
-        super().__init__()
-        self.lr = lr
-        self.hidden, self.layers, self.steps = hidden, layers, steps
-        self.batch_groups, self.group_rows = batch_groups, group_rows
-        self.rank_weight, self.time_budget_s, self.threads = rank_weight, time_budget_s, threads
-        self.state: bytes | None = None
-
-    # ---------------------------------------------------------------- the network
-    def _net(self):
-        import torch
-        from torch import nn
-        from torch_geometric.nn import SAGEConv, global_max_pool, global_mean_pool
-
-        hidden, layers = self.hidden, self.layers
-
-        class Net(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.embed = nn.Embedding(len(OPCODES), 16)
-                self.inp = nn.Linear(16 + NODE_DIM + GRAPH_DIM, hidden)
-                self.convs = nn.ModuleList(SAGEConv(hidden, hidden) for _ in range(layers))
-                self.head = nn.Sequential(nn.Linear(3 * hidden + GRAPH_DIM, hidden), nn.ReLU(),
-                                          nn.Linear(hidden, 2))
-
-            def forward(self, op, x, edge, batch, g):
-                h = torch.relu(self.inp(torch.cat([self.embed(op), x, g[batch]], 1)))
-                for conv in self.convs:
-                    h = h + torch.relu(conv(h, edge))
-                size = g.shape[0]
-                summed = torch.zeros(size, h.shape[1]).index_add_(0, batch, h)
-                pooled = torch.cat([global_mean_pool(h, batch, size),
-                                    global_max_pool(h, batch, size), summed], 1)
-                return self.head(torch.cat([pooled, g], 1))  # (level, shape)
-
-        return Net()
-
-    def _batch(self, samples: Sequence[Sample]):
-        import torch
-
-        sizes = np.fromiter((len(s.opcodes) for s in samples), np.int64, len(samples))
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        edge_counts = np.fromiter((s.edges.shape[1] for s in samples), np.int64, len(samples))
-        edges = np.concatenate([s.edges for s in samples], 1) if edge_counts.any() else \
-            np.zeros((2, 0), np.int64)
-        edges = edges + np.repeat(starts, edge_counts)  # node ids of each graph, offset
-        x = (np.concatenate([s.nodes for s in samples]) - self.node_mu) / self.node_sd
-        g = (np.stack([s.graph for s in samples]) - self.graph_mu) / self.graph_sd
-        return (torch.from_numpy(np.concatenate([s.opcodes for s in samples])),
-                torch.from_numpy(x.astype(np.float32)), torch.from_numpy(edges),
-                torch.from_numpy(np.repeat(np.arange(len(samples)), sizes)),
-                torch.from_numpy(g.astype(np.float32)))
-
-    # ---------------------------------------------------------------- training
-    def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
-        import torch
-
-        torch.manual_seed(seed)
-        torch.set_num_threads(self.threads)
-        rng = np.random.default_rng(seed)
-        nodes = np.concatenate([s.nodes for s in samples])
-        graphs = np.stack([s.graph for s in samples])
-        # a feature constant in training (one device's features) stays unscaled: dividing by
-        # its zero spread would blow up any other value at prediction
-        self.node_mu, self.node_sd = nodes.mean(0), _spread(nodes)
-        self.graph_mu, self.graph_sd = graphs.mean(0), _spread(graphs)
-        logt = np.log([s.seconds for s in samples])
-        self.y_mu, self.y_sd = float(logt.mean()), float(logt.std() + 1e-6)
-        y = torch.from_numpy(((logt - self.y_mu) / self.y_sd).astype(np.float32))
-        groups = group_rows(samples)
-        z = torch.from_numpy(within_group(logt, groups).astype(np.float32))
-        weights = np.asarray([len(g) for g in groups], np.float64) ** 0.5
-        weights /= weights.sum()
-        net = self._net()
-        opt = torch.optim.AdamW(net.parameters(), lr=self.lr, weight_decay=1e-4)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, self.steps)
-        start, loss_avg = time.perf_counter(), None
-        for step in range(self.steps):
-            picked = rng.choice(len(groups), size=min(self.batch_groups, len(groups)),
-                                replace=False, p=weights)
-            idx = np.concatenate([rng.choice(groups[g], size=min(self.group_rows,
-                                                                 len(groups[g])),
-                                             replace=False) for g in picked])
-            out = net(*self._batch([samples[i] for i in idx]))
-            pred, target = out[:, 1], z[idx]
-            loss = torch.mean((out[:, 0] - y[idx]) ** 2) + torch.mean((pred - target) ** 2)
-            if self.rank_weight:
-                gid = torch.from_numpy(np.repeat(np.arange(len(picked)), [
-                    min(self.group_rows, len(groups[g])) for g in picked]))
-                same = gid[:, None] == gid[None, :]
-                slower = (target[:, None] - target[None, :]) > 1e-3  # i measured slower than j
-                pairs = same & slower
-                if pairs.any():
-                    diff = pred[:, None] - pred[None, :]
-                    loss = loss + self.rank_weight * torch.nn.functional.softplus(-diff)[
-                        pairs].mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            value = float(loss.detach())
-            loss_avg = value if loss_avg is None else 0.98 * loss_avg + 0.02 * value
-            if progress and (step % 250 == 0 or step == self.steps - 1):
-                progress(f"graphsage step {step + 1}/{self.steps} loss {loss_avg:.4f}")
-            if time.perf_counter() - start > self.time_budget_s:
-                if progress:
-                    progress(f"graphsage: time budget reached at step {step + 1}")
-                break
-        buf = io.BytesIO()
-        torch.save(net.state_dict(), buf)
-        self.state = buf.getvalue()
-        self._module = net
-        self.remember(samples)
-
-    def _raw(self, samples: Sequence[Sample], batch: int = 4096
-             ) -> tuple[np.ndarray, np.ndarray]:
-        import torch
-
-        net = getattr(self, "_module", None)
-        if net is None:
-            if self.state is None:
-                raise ValueError("predict before fit: a GraphSAGE model has no weights yet")
-            net = self._net()
-            net.load_state_dict(torch.load(io.BytesIO(self.state), weights_only=True))
-            self._module = net
-        net.eval()
-        out = []
-        with torch.no_grad():
-            for i in range(0, len(samples), batch):
-                out.append(net(*self._batch(samples[i:i + batch])).numpy())
-        both = np.concatenate(out) if out else np.zeros((0, 2), np.float32)
-        return both[:, 0] * self.y_sd + self.y_mu, both[:, 1].astype(np.float64)
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("_module", None)  # the weights travel as ``state`` bytes
-        return state
+        return SageModel
+    raise AttributeError(name)

@@ -1,0 +1,115 @@
+"""Gradient-boosted trees (LightGBM) on flat features: the TenSet / MetaSchedule anchor."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._features import Sample
+from ._models import LearnedModel, group_rows, within_group
+
+
+class GbdtModel(LearnedModel):
+    """LightGBM on flat features (``Sample.flat``): one booster regresses log seconds (the
+    level), the other learns the shape — by default (``shape_objective="lambdarank"``) as a
+    ranking, LightGBM's lambdarank over queries of one group (a structure or a Kernel Tuner
+    space on one device), graded by each config's rank in its group, so a group's scale never
+    enters (leave-one-GPU-out zero-shot tau 0.544 -> 0.567 convolution, 0.596 -> 0.605
+    dedispersion; CPU programs held out 0.361 -> 0.418; 400 / 300 trees of 63 leaves, same
+    folds, docs/costmodel.md); ``"regression"``: the within-group standardised log seconds,
+    the rule before.  ``time_budget_s`` stops boosting early (half of it each), for the
+    retrain at the end of a launch."""
+
+    kind = "gbdt"
+
+    # 1200 trees of 255 leaves: convolution random split tau 0.87 -> 0.92 over 400 of 63
+    # (Intel Xeon, 2 cores, under load; benchmarks/costmodel.py)
+    RANK_GRADES = 32  # relevance grades of a lambdarank query: the within-group rank, binned
+    RANK_QUERY = 256  # rows per lambdarank query: larger groups are cut into random chunks
+
+    def __init__(self, trees: int = 1200, leaves: int = 255, threads: int | None = None,
+                 time_budget_s: float | None = None, shape_objective: str = "lambdarank"
+                 ) -> None:
+        super().__init__()
+        self.trees, self.leaves, self.threads = trees, leaves, threads
+        self.time_budget_s = time_budget_s
+        if shape_objective not in ("regression", "lambdarank"):
+            raise ValueError(f"shape_objective {shape_objective!r}: use regression or "
+                             "lambdarank")
+        self.shape_objective = shape_objective
+
+    def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
+        import lightgbm
+
+        x = np.stack([s.flat() for s in samples])
+        logt = np.log([s.seconds for s in samples])
+        # one thread unless asked: on a loaded 2-core machine OpenMP's barriers cost more than
+        # the trees (a 526-row fit: 4.7 s on one thread, over 5 minutes on two)
+        threads = self.threads or 1
+        params = {"objective": "regression", "num_leaves": self.leaves, "learning_rate": 0.05,
+                  "min_data_in_leaf": 5, "bagging_fraction": 0.9, "bagging_freq": 1,
+                  "feature_fraction": 0.9, "num_threads": threads, "seed": seed,
+                  "verbose": -1}
+
+        def boost(y: np.ndarray, rank: bool = False):
+            callbacks = []
+            if self.time_budget_s is not None:
+                end = time.perf_counter() + self.time_budget_s / 2
+
+                def stop(env) -> None:
+                    if time.perf_counter() > end:
+                        if progress:
+                            progress(f"gbdt: time budget reached at tree {env.iteration + 1}")
+                        raise lightgbm.callback.EarlyStopException(env.iteration, [])
+                callbacks.append(stop)
+            if not rank:
+                return lightgbm.train(params, lightgbm.Dataset(x, y), self.trees,
+                                      callbacks=callbacks)
+            order, sizes, grades = self._queries(logt, group_rows(samples), seed)
+            ranked = {**params, "objective": "lambdarank",
+                      "label_gain": list(range(self.RANK_GRADES)),
+                      "lambdarank_truncation_level": self.RANK_QUERY}
+            return lightgbm.train(ranked, lightgbm.Dataset(x[order], grades, group=sizes),
+                                  self.trees, callbacks=callbacks)
+
+        self.level = boost(logt)
+        if self.shape_objective == "lambdarank":
+            self.shape = boost(logt, rank=True)
+        else:
+            self.shape = boost(within_group(logt, group_rows(samples)))
+        self.remember(samples)
+
+    @property
+    def ordinal_shape(self) -> bool:
+        return getattr(self, "shape_objective", "regression") == "lambdarank"
+
+    def _queries(self, logt: np.ndarray, groups: Sequence[np.ndarray], seed: int
+                 ) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """Lambdarank's queries: each group (one space on one device) cut into random chunks
+        of at most ``RANK_QUERY`` rows (its pairs are O(rows^2): a 10k-config space would be
+        10^8 pairs a tree; random chunks sample the same pairs without bias), each row graded
+        0 (slowest of its group) .. ``RANK_GRADES`` - 1 (fastest) by its rank in the whole
+        group.  Returns (row order, query sizes, grades in that order)."""
+        rng = np.random.default_rng(seed)
+        order: list[np.ndarray] = []
+        sizes: list[int] = []
+        grades = np.zeros(len(logt))
+        for idx in groups:
+            rank = np.argsort(np.argsort(-logt[idx], kind="stable"), kind="stable")
+            grades[idx] = np.floor((self.RANK_GRADES - 1) * rank / max(len(idx) - 1, 1))
+            shuffled = rng.permutation(idx)
+            for start in range(0, len(idx), self.RANK_QUERY):
+                chunk = shuffled[start:start + self.RANK_QUERY]
+                order.append(chunk)
+                sizes.append(len(chunk))
+        rows = np.concatenate(order)
+        return rows, sizes, grades[rows]
+
+    def _raw(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
+        x = np.stack([s.flat() for s in samples])
+        shape = np.asarray(self.shape.predict(x))
+        if getattr(self, "shape_objective", "regression") == "lambdarank":
+            shape = -shape  # a lambdarank score is higher for faster: shape is log-time-like
+        return np.asarray(self.level.predict(x)), shape
