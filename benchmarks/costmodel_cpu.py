@@ -2,7 +2,8 @@
 tuning.
 
     .venv/bin/python benchmarks/costmodel_cpu.py [--dataset FILE.jsonl.gz] [--folds 5]
-        [--trees 300] [--leaves 63] [--json OUT]
+        [--trees 300] [--leaves 63] [--parts collisions,variance,noise,curve,level,mape_parts]
+        [--json OUT]
 
 On the dataset file (``tuner export dataset``: our CPU measurements), through the same samples
 ``benchmarks/costmodel.py --dataset`` scores:
@@ -18,7 +19,12 @@ On the dataset file (``tuner export dataset``: our CPU measurements), through th
 - ``learning_curve``: held-out tau / MAPE of gbdt trained on 25%, 50%, 100% of each fold's
   training programs (the same folds as ``benchmarks/costmodel.py --program-folds K``);
 - ``level``: the log-residual sd of the level (gbdt) and of the roofline on held-out programs,
-  and the MAPE each gives.
+  and the MAPE each gives;
+- ``mape_parts``: the held-out MAPE as predicted, with each structure's true mean log time
+  given (what a perfect level leaves to the order), and with the truth's order and spread
+  inside each structure (what the level alone costs).
+
+``--parts`` picks some of them (default: all).
 """
 
 from __future__ import annotations
@@ -117,6 +123,35 @@ def held_out(samples, k: int, options: dict, fraction: float = 1.0) -> tuple[dic
     return mean, per
 
 
+def mape_parts(samples, k: int, options: dict) -> dict:
+    """Held-out MAPE taken apart: as predicted; with each structure's mean log time given
+    (the model's order and spread inside it: what a perfect level would leave); and with the
+    truth's spread inside each structure around the predicted mean (a perfect order and
+    spread: what the level alone costs)."""
+    parts: dict[str, list] = {"as_predicted": [], "true_level": [], "true_shape": []}
+    truths = []
+    for _, train, test in folds(samples, "program", 0, k):
+        te = [samples[i] for i in test]
+        model = make_model("gbdt", **options)
+        model.fit([samples[i] for i in train])
+        lp = np.log(model.predict(te))
+        lt = np.log([s.seconds for s in te])
+        rows: dict = defaultdict(list)
+        for i, s in enumerate(te):
+            rows[s.group].append(i)
+        level_true, shape_true = lp.copy(), lp.copy()
+        for idx in rows.values():
+            level_true[idx] = lp[idx] - lp[idx].mean() + lt[idx].mean()
+            shape_true[idx] = lt[idx] - lt[idx].mean() + lp[idx].mean()
+        for name, v in (("as_predicted", lp), ("true_level", level_true),
+                        ("true_shape", shape_true)):
+            parts[name].append(v)
+        truths.append(lt)
+    lt = np.concatenate(truths)
+    return {name: float(np.mean(np.abs(np.exp(np.concatenate(v) - lt) - 1)))
+            for name, v in parts.items()}
+
+
 def level(samples, k: int, options: dict) -> dict:
     out: dict = {"gbdt_level": [], "roofline": [], "truth": []}
     for _, train, test in folds(samples, "program", 0, k):
@@ -145,37 +180,50 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--trees", type=int, default=300)
     ap.add_argument("--leaves", type=int, default=63)
+    ap.add_argument("--parts", default="all", help="comma list of collisions, variance, "
+                    "noise, curve, level, mape_parts (default: all)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    wanted = set(args.parts.split(","))
+
+    def run(part: str) -> bool:
+        return "all" in wanted or part in wanted
+
     samples = _dataset_samples(args.dataset)
     options = {"trees": args.trees, "leaves": args.leaves}
     report: dict = {"dataset": Path(args.dataset).name, "rows": len(samples),
                     "programs": len({s.program for s in samples}), "folds": args.folds,
                     "gbdt": options}
-    report["collisions"] = collisions(samples)
-    print("feature collisions:", report["collisions"], flush=True)
-    report["variance"] = variance(samples)
-    print("variance:", report["variance"], flush=True)
-    report["noise_ceiling"] = noise_ceiling(samples)
-    print("noise ceiling (tau of a perfect model, by noise sd):", report["noise_ceiling"],
-          flush=True)
-    curve = {}
-    for fraction in (0.25, 0.5, 1.0):
-        mean, per = held_out(samples, args.folds, options, fraction)
-        curve[str(fraction)] = mean
-        print(f"training programs x{fraction}: {mean}", flush=True)
-        if fraction == 1.0:
-            arr = np.array(per)
-            report["by_spread"] = {
-                name: {"structures": int(mask.sum()),
-                       "kendall_tau": float(arr[mask, 0].mean())}
-                for name, mask in (("sd<0.15", arr[:, 2] < 0.15),
-                                   ("0.15<=sd<0.4", (arr[:, 2] >= 0.15) & (arr[:, 2] < 0.4)),
-                                   ("sd>=0.4", arr[:, 2] >= 0.4))}
-            print("held-out tau by within-structure spread:", report["by_spread"], flush=True)
-    report["learning_curve"] = curve
-    report["level"] = level(samples, args.folds, options)
-    print("level on held-out programs:", report["level"], flush=True)
+    parts = {"collisions": lambda: collisions(samples), "variance": lambda: variance(samples),
+             "noise": lambda: noise_ceiling(samples)}
+    for part, measure in parts.items():
+        if run(part):
+            report[part] = measure()
+            print(f"{part}:", report[part], flush=True)
+    if run("curve"):
+        curve = {}
+        for fraction in (0.25, 0.5, 1.0):
+            mean, per = held_out(samples, args.folds, options, fraction)
+            curve[str(fraction)] = mean
+            print(f"training programs x{fraction}: {mean}", flush=True)
+            if fraction == 1.0:
+                arr = np.array(per)
+                report["by_spread"] = {
+                    name: {"structures": int(mask.sum()),
+                           "kendall_tau": float(arr[mask, 0].mean())}
+                    for name, mask in (("sd<0.15", arr[:, 2] < 0.15),
+                                       ("0.15<=sd<0.4", (arr[:, 2] >= 0.15) & (arr[:, 2] < 0.4)),
+                                       ("sd>=0.4", arr[:, 2] >= 0.4))}
+                print("held-out tau by within-structure spread:", report["by_spread"],
+                      flush=True)
+        report["learning_curve"] = curve
+    if run("level"):
+        report["level"] = level(samples, args.folds, options)
+        print("level on held-out programs:", report["level"], flush=True)
+    if run("mape_parts"):
+        report["mape_parts"] = mape_parts(samples, args.folds, options)
+        print("held-out MAPE, as predicted / with each structure's true mean / with the true "
+              "order and spread inside it:", report["mape_parts"], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"wrote {args.json}")

@@ -9,6 +9,7 @@ import numpy as np
 
 from ._features import Sample
 from ._models import LearnedModel, group_rows, within_group
+from ._work import WorkPrior
 
 
 class GbdtModel(LearnedModel):
@@ -19,8 +20,12 @@ class GbdtModel(LearnedModel):
     enters (leave-one-GPU-out zero-shot tau 0.544 -> 0.567 convolution, 0.596 -> 0.605
     dedispersion; CPU programs held out 0.361 -> 0.418; 400 / 300 trees of 63 leaves, same
     folds, docs/costmodel.md); ``"regression"``: the within-group standardised log seconds,
-    the rule before.  ``time_budget_s`` stops boosting early (half of it each), for the
-    retrain at the end of a launch."""
+    the rule before.  Where rows have a µGraph, both also read the log seconds of the work
+    prior (``_work``: per device, a cost per unit of work fitted on the training rows), and the
+    level regresses what that prior misses: a tree cannot add up a new program's parts, the
+    prior can (``work_prior=False``: without it).
+    ``time_budget_s`` stops boosting early (half of it each), for the retrain at the end of a
+    launch."""
 
     kind = "gbdt"
 
@@ -30,9 +35,10 @@ class GbdtModel(LearnedModel):
     RANK_QUERY = 256  # rows per lambdarank query: larger groups are cut into random chunks
 
     def __init__(self, trees: int = 1200, leaves: int = 255, threads: int | None = None,
-                 time_budget_s: float | None = None, shape_objective: str = "lambdarank"
-                 ) -> None:
+                 time_budget_s: float | None = None, shape_objective: str = "lambdarank",
+                 work_prior: bool = True) -> None:
         super().__init__()
+        self.work_prior = work_prior
         self.trees, self.leaves, self.threads = trees, leaves, threads
         self.time_budget_s = time_budget_s
         if shape_objective not in ("regression", "lambdarank"):
@@ -40,10 +46,19 @@ class GbdtModel(LearnedModel):
                              "lambdarank")
         self.shape_objective = shape_objective
 
+    def _x(self, samples: Sequence[Sample]) -> np.ndarray:
+        """Flat features, and the work prior's log seconds where the model has one (models
+        stored before it read the flat features alone)."""
+        x = np.stack([s.flat() for s in samples])
+        prior = getattr(self, "prior", None)
+        return np.c_[x, prior.log_prior(samples)] if prior is not None else x
+
     def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
         import lightgbm
 
-        x = np.stack([s.flat() for s in samples])
+        prior = WorkPrior().fit(samples) if self.work_prior else None
+        self.prior = prior if prior is not None and prior.costs else None  # µGraph rows only
+        x = self._x(samples)
         logt = np.log([s.seconds for s in samples])
         # one thread unless asked: on a loaded 2-core machine OpenMP's barriers cost more than
         # the trees (a 526-row fit: 4.7 s on one thread, over 5 minutes on two)
@@ -74,7 +89,9 @@ class GbdtModel(LearnedModel):
             return lightgbm.train(ranked, lightgbm.Dataset(x[order], grades, group=sizes),
                                   self.trees, callbacks=callbacks)
 
-        self.level = boost(logt)
+        # the level learns what the work prior misses (a tree's leaf cannot extrapolate past
+        # the times it was trained on; the prior's sum of costs can)
+        self.level = boost(logt - self._base(x))
         if self.shape_objective == "lambdarank":
             self.shape = boost(logt, rank=True)
         else:
@@ -108,8 +125,14 @@ class GbdtModel(LearnedModel):
         return rows, sizes, grades[rows]
 
     def _raw(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
-        x = np.stack([s.flat() for s in samples])
+        x = self._x(samples)
         shape = np.asarray(self.shape.predict(x))
         if getattr(self, "shape_objective", "regression") == "lambdarank":
             shape = -shape  # a lambdarank score is higher for faster: shape is log-time-like
-        return np.asarray(self.level.predict(x)), shape
+        return np.asarray(self.level.predict(x)) + self._base(x), shape
+
+    def _base(self, x: np.ndarray) -> np.ndarray:
+        """The level's starting point: the work prior's log seconds (0 where it has none)."""
+        if getattr(self, "prior", None) is None:
+            return np.zeros(len(x))
+        return np.nan_to_num(x[:, -1], nan=0.0)
