@@ -10,8 +10,10 @@ programs held out (5 folds, 300 trees of 63 leaves, AMD EPYC): the level's log e
 -> 0.866, its MAPE 0.827 -> 0.700; the prior alone 1.007 / 0.749 (docs/costmodel.md).
 
 A Kernel Tuner configuration has no µGraph, so no work to count: its prior is nan (LightGBM
-treats that as missing).  A device with too few rows of its own borrows the costs of the device
-of its kind (cpu, cuda, hip) with the most rows.
+treats that as missing).  Costs are fitted only from a device's rows of ``MIN_PROGRAMS``
+programs or more (the H100 sweep's 10 are too few: the model trained on it keeps no prior); a
+device without costs borrows those of the device of its kind (cpu, cuda, hip) with the most
+rows.  The prior stays within 10x of the device's fastest and slowest measured rows.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from search.ir import MAX_RANK
 from ._devices import spec_for_key
 from ._features import DTYPES, LEVELS, OPCODES, STAGES, Sample
 
-MIN_ROWS = 50  # a device's own costs are fitted from at least this many µGraph rows
+MIN_ROWS = 50  # a device's own costs are fitted from at least this many µGraph rows,
+MIN_PROGRAMS = 30  # of at least this many programs: on the H100 sweep's 9 training programs a
+# fold's costs sent a held-out program's MAPE from 8 to 336 (ntrans), and with only the 7
+# totals (call, launches, kernels, bytes, FLOPs, exp and divide elements) another's from 0.6 to
+# 16 (mqa): a sum of costs learned from so few programs is a guess
+STRETCH = math.log(10.0)  # the prior stays within 10x of the device's fastest / slowest rows
 _BYTES = MAX_RANK + 1 + len(STAGES) + len(LEVELS)  # node row: log2 bytes, then log2 FLOPs
 _LEVEL = MAX_RANK + 1 + len(STAGES)  # node row: the memory level's one-hot
 
@@ -60,20 +67,20 @@ class WorkPrior:
     """Per device, non-negative costs per unit of work (``work``), fitted to relative error."""
 
     def __init__(self) -> None:
-        self.costs: dict[str, tuple[np.ndarray, float]] = {}  # device -> (costs, log shift)
+        # device -> (costs, log shift, (lowest, highest) log seconds it may give)
+        self.costs: dict[str, tuple[np.ndarray, float, tuple[float, float]]] = {}
         self.rows: dict[str, int] = {}
 
     def fit(self, samples: Sequence[Sample]) -> WorkPrior:
-        by_device: dict[str, list[tuple[np.ndarray, float]]] = defaultdict(list)
+        by_device: dict[str, list[Sample]] = defaultdict(list)
         for s in samples:
-            w = work(s)
-            if w is not None and s.seconds > 0 and math.isfinite(s.seconds):
-                by_device[s.device].append((w, s.seconds))
+            if work(s) is not None and s.seconds > 0 and math.isfinite(s.seconds):
+                by_device[s.device].append(s)
         for device, rows in by_device.items():
-            if len(rows) < MIN_ROWS:
+            if len(rows) < MIN_ROWS or len({s.program for s in rows}) < MIN_PROGRAMS:
                 continue
-            x = np.stack([w for w, _ in rows])
-            t = np.asarray([t for _, t in rows])
+            x = np.stack([work(s) for s in rows])  # type: ignore[misc]
+            t = np.asarray([s.seconds for s in rows])
             a = x / t[:, None]  # each row's error relative to its own time
             scale = a.std(0) + 1e-12
             coef, _ = nnls(a / scale, np.ones(len(t)), maxiter=20 * a.shape[1])
@@ -81,11 +88,13 @@ class WorkPrior:
             pred = np.maximum(x @ coef, 1e-12)
             # relative least squares sits below the times; centre it in log space
             shift = float(np.median(np.log(t) - np.log(pred)))
-            self.costs[device] = (coef, shift)
+            logt = np.log(t)
+            self.costs[device] = (coef, shift,
+                                  (float(logt.min()) - STRETCH, float(logt.max()) + STRETCH))
             self.rows[device] = len(rows)
         return self
 
-    def _costs_for(self, device: str) -> tuple[np.ndarray, float] | None:
+    def _costs_for(self, device: str) -> tuple[np.ndarray, float, tuple[float, float]] | None:
         if device in self.costs:
             return self.costs[device]
         kind = spec_for_key(device).kind
@@ -96,12 +105,14 @@ class WorkPrior:
         """Log seconds the work model gives each sample (nan: no µGraph, or no device of its
         kind fitted)."""
         out = np.full(len(samples), np.nan)
-        per_device: dict[str, tuple[np.ndarray, float] | None] = {}
+        per_device: dict[str, tuple[np.ndarray, float, tuple[float, float]] | None] = {}
         for i, s in enumerate(samples):
-            w = work(s)
-            if w is not None and s.device not in per_device:
+            if s.device not in per_device:
                 per_device[s.device] = self._costs_for(s.device)
-            costs = per_device[s.device] if w is not None else None
+            costs = per_device[s.device]
+            w = work(s) if costs is not None else None
             if costs is not None and w is not None:
-                out[i] = math.log(max(float(w @ costs[0]), 1e-12)) + costs[1]
+                low, high = costs[2]
+                out[i] = min(max(math.log(max(float(w @ costs[0]), 1e-12)) + costs[1], low),
+                             high)
         return out
