@@ -82,6 +82,14 @@ class MeasuredRanks:
         self.agree = _agreement(self.z)
         self._weights: dict[tuple[str, str], dict[str, float]] = {}
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a stored model): one stored before the typicality weights derives
+        them from its ranks; the weights' cache starts empty."""
+        self.__dict__.update(state)
+        if "agree" not in state:
+            self.agree = _agreement(self.z)
+        self._weights = {}
+
     def typicality(self, program: str, device: str, exclude: str = "") -> float:
         """``device``'s mean correlation with each other training device (but ``exclude``)
         over the configs of ``program`` both measured; nan where it shares none."""

@@ -101,3 +101,15 @@ def test_an_outlier_sibling_counts_less_than_those_that_agree_with_the_others() 
     assert w[outlier] < 0.1 * (w[a] + w[b])
     tau = kendalltau(ranks.ranks(space(new)), [nvidia_time(c) for c in CONFIGS]).statistic
     assert tau > 0.9
+
+
+def test_a_model_stored_before_the_typicality_weights_still_ranks() -> None:
+    import pickle
+
+    ranks = MeasuredRanks(space(A4000, nvidia_time) + space(A100, nvidia_time)
+                          + space(MI250X, amd_time))
+    want = ranks.ranks(space(A6000))
+    old = MeasuredRanks.__new__(MeasuredRanks)
+    old.__dict__.update(z=ranks.z)  # what a pickle of the earlier class held
+    again = pickle.loads(pickle.dumps(old))
+    assert np.allclose(again.ranks(space(A6000)), want)
