@@ -126,9 +126,13 @@ def show(name: str, split: str, result: dict) -> None:
         cells = ([f"{mean[m]:14.3f}" if m in mean else f"{'-':>14}" for m in METRICS]
                  if mean else [f"{'n/a':>14}"] * len(METRICS))
         print(f"  {kind:<10} " + " ".join(cells))
+        if mean and "common_tau" in mean:
+            print(f"  {'':<10} tau on the configs every device ran: {mean['common_tau']:.3f}")
     for kind, folds in result["folds"].items():
         row = ", ".join(f"{f['test']}: tau {f['kendall_tau']:.2f} top1 "
-                        f"{100 * f['top1_slowdown']:.1f}%" for f in folds if f)
+                        f"{100 * f['top1_slowdown']:.1f}%"
+                        + (f" (common {f['common_tau']:.2f})" if "common_tau" in f else "")
+                        for f in folds if f)
         if row:
             print(f"    {kind}: {row}")
 

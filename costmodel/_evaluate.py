@@ -18,6 +18,7 @@ import numpy as np
 from ._features import Sample
 from ._metrics import evaluate
 from ._models import make_model
+from ._siblings import _config_key
 
 SPLITS = ("random", "program", "device")
 
@@ -59,8 +60,11 @@ def cross_validate(samples: Sequence[Sample], split: str, kinds: Sequence[str] =
     """Train every model kind on each fold's training rows, score it on the held-out rows.
 
     Returns ``{"split", "folds": {kind: [fold metrics + "test"]}, "mean": {kind: metrics}}``;
-    a model that cannot predict a fold (the roofline on Kernel Tuner spaces) is null there."""
+    a model that cannot predict a fold (the roofline on Kernel Tuner spaces) is null there.
+    The device split adds ``common_tau``: the tau on the held-out configs every device ran
+    (``benchmarks/gpu_transfer.py``'s set, the same predictions)."""
     result: dict = {"split": split, "folds": {k: [] for k in kinds}, "mean": {}}
+    common = _common_configs(samples) if split == "device" else set()
     for name, train, test in folds(samples, split, seed, k):
         tr = [samples[i] for i in train]
         te = [samples[i] for i in test]
@@ -74,12 +78,27 @@ def cross_validate(samples: Sequence[Sample], split: str, kinds: Sequence[str] =
             if not np.all(np.isfinite(pred)):
                 result["folds"][kind].append(None)
                 continue
-            result["folds"][kind].append({"test": name, **evaluate([s.group for s in te],
-                                                                   truth, pred)})
+            metrics = {"test": name, **evaluate([s.group for s in te], truth, pred)}
+            on = [i for i, s in enumerate(te) if _config_key(s) in common]
+            if on:
+                metrics["common_tau"] = evaluate([te[i].group for i in on],
+                                                 [truth[i] for i in on], pred[on])["kendall_tau"]
+            result["folds"][kind].append(metrics)
     for kind, rows in result["folds"].items():
         rows = [r for r in rows if r is not None]
         result["mean"][kind] = _mean(rows) if rows else None
     return result
+
+
+def _common_configs(samples: Sequence[Sample]) -> set:
+    """The (program, config) keys every device of ``samples`` measured."""
+    ran: dict = {}
+    for s in samples:
+        key = _config_key(s)
+        if key is not None and s.seconds > 0 and math.isfinite(s.seconds):
+            ran.setdefault(key, set()).add(s.device)
+    devices = {s.device for s in samples}
+    return {k for k, d in ran.items() if d == devices}
 
 
 def _mean(rows: list[dict]) -> dict[str, float]:
@@ -89,8 +108,9 @@ def _mean(rows: list[dict]) -> dict[str, float]:
     one-row group leaves a fold's (``_metrics.evaluate``); the metric is dropped only when no
     fold defines it."""
     out = {}
-    for k in ("kendall_tau", "top1_slowdown", "top5_recall", "mape"):
-        vals = [r[k] for r in rows if not (isinstance(r[k], float) and math.isnan(r[k]))]
+    for k in ("kendall_tau", "top1_slowdown", "top5_recall", "mape", "common_tau"):
+        vals = [r[k] for r in rows if k in r and not (isinstance(r[k], float)
+                                                        and math.isnan(r[k]))]
         if vals:
             out[k] = float(np.mean(vals))
     return out

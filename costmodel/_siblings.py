@@ -4,15 +4,25 @@ A model trained on five GPUs learns little from five device-feature vectors abou
 sixth resembles; the measurements it was trained on say it directly: a launch config that is
 fast on an RTX A6000 is mostly fast on an RTX A4000 (Kendall tau 0.82 on the convolution
 caches), while an A6000 and a W7800 agree at 0.02.  ``MeasuredRanks`` keeps each training
-config's rank per device (as a normal score); for a device outside training it returns the
-affinity-weighted mean over the other devices that measured the same program and config, and
+config's rank per device (as a normal score); for a device outside training it returns a
+weighted mean (below) over the other devices that measured the same program and config, and
 ``blend`` mixes that order into the model's own.
 
 Affinity is what the devices' specs say about sharing code paths: devices of another kind
 (vendor runtime: cuda, hip, cpu) count nothing, the same kind counts 1 and the same
-architecture (``sm_86``, ``gfx1100``) ``SAME_ARCH``.  Leave-one-GPU-out zero-shot, 400 trees of
-63 leaves, AMD EPYC: 0.567 -> 0.688 tau (convolution), 0.605 -> 0.668 (dedispersion); the
-rules tried beside it are in docs/costmodel.md.
+architecture (``sm_86``, ``gfx1100``) ``SAME_ARCH``.  Within that, the measurements say which
+siblings to trust: each training device's *typicality*, its mean correlation of normal scores
+with the other training devices over the configs both measured, estimates from training alone
+how it correlates with a device it never saw (a new device more likely ranks like a sibling
+that agrees with many than like an outlier: on convolution the W6600 agrees with the others at
+tau 0.33 on average, the W7800 at 0.17, and the held-out MI250X's closest GPU is the W6600).
+The weights are those of the linear predictor of the new device's normal score from its kin's
+(affinity > 0), beta = R^-1 t (R: the kin's correlation matrix, t: their typicality), negative
+ones clipped to 0, times the affinity: two siblings that agree with each other share one
+weight instead of outvoting a third.  Leave-one-GPU-out zero-shot, 400 trees of 63 leaves, AMD
+EPYC, the same 12 folds: the model alone 0.567 / 0.605 tau (convolution / dedispersion), the
+affinity-weighted mean 0.688 / 0.668, with beta 0.702 / 0.682 (top-1 31.6% -> 18.7%, 15.2% ->
+12.7%); affinity x typicality 0.697 / 0.672, x typicality^2 0.702 / 0.675 (docs/costmodel.md).
 """
 
 from __future__ import annotations
@@ -69,28 +79,89 @@ class MeasuredRanks:
             for i, v in zip(idx, z, strict=True):
                 self.z[_config_key(samples[i])][samples[i].device] = float(v)  # type: ignore[index]
         self.z = dict(self.z)
+        self.agree = _agreement(self.z)
+        self._weights: dict[tuple[str, str], dict[str, float]] = {}
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a stored model): one stored before the typicality weights derives
+        them from its ranks; the weights' cache starts empty."""
+        self.__dict__.update(state)
+        if "agree" not in state:
+            self.agree = _agreement(self.z)
+        self._weights = {}
+
+    def typicality(self, program: str, device: str, exclude: str = "") -> float:
+        """``device``'s mean correlation with each other training device (but ``exclude``)
+        over the configs of ``program`` both measured; nan where it shares none."""
+        vals = [r for (a, b), r in self.agree.get(program, {}).items()
+                if a == device and b != exclude]
+        return float(np.mean(vals)) if vals else math.nan
+
+    def weights(self, program: str, device: str) -> dict[str, float]:
+        """Each training device's weight in ``device``'s ranks of ``program``'s configs: its
+        affinity times its coefficient in the linear predictor of ``device``'s normal score
+        from its kin's (module docstring); the affinity alone where that is undefined."""
+        got = self._weights.get((program, device))
+        if got is not None:
+            return got
+        others = sorted({a for a, _ in self.agree.get(program, {})} - {device})
+        w = {d: affinity(device, d) for d in others}
+        kin = [d for d in others if w[d] > 0]
+        t = np.array([self.typicality(program, d, device) for d in kin])
+        if len(kin) > 1 and np.isfinite(t).all():
+            agree = self.agree[program]
+            r = np.array([[1.0 if a == b else agree.get((a, b), 0.0) for b in kin]
+                          for a in kin])
+            beta = np.clip(np.linalg.lstsq(r, t, rcond=None)[0], 0.0, None)
+            if beta.sum() > 0:
+                w.update({d: w[d] * float(b) for d, b in zip(kin, beta, strict=True)})
+        self._weights[(program, device)] = w
+        return w
 
     def ranks(self, samples: Sequence[Sample]) -> np.ndarray:
-        """The other devices' affinity-weighted mean normal score of each sample's config
-        (nan where no device of any affinity measured it)."""
+        """The other devices' weighted mean normal score of each sample's config (``weights``;
+        nan where no device of any affinity measured it)."""
         out = np.full(len(samples), np.nan)
-        weight: dict[tuple[str, str], float] = {}
         for i, s in enumerate(samples):
             key = _config_key(s)
             seen = self.z.get(key) if key is not None else None
             if not seen:
                 continue
+            weight = self.weights(s.program, s.device)
             num = den = 0.0
             for device, z in seen.items():
                 if device == s.device:
                     continue
-                w = weight.get((s.device, device))
+                w = weight.get(device)
                 if w is None:
-                    w = weight[(s.device, device)] = affinity(s.device, device)
+                    w = weight[device] = affinity(s.device, device)
                 num, den = num + w * z, den + w
             if den > 0:
                 out[i] = num / den
         return out
+
+
+def _agreement(z: dict[tuple, dict[str, float]]) -> dict[str, dict[tuple[str, str], float]]:
+    """Per program, per ordered pair of devices: the correlation of their normal scores over
+    the configs both measured (a pair with fewer than 3 is left out)."""
+    by_program: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for (program, _), seen in z.items():
+        by_program[program].append(seen)
+    out: dict[str, dict[tuple[str, str], float]] = {}
+    for program, rows in by_program.items():
+        devices = sorted({d for seen in rows for d in seen})
+        m = np.array([[seen.get(d, np.nan) for d in devices] for seen in rows])
+        pairs: dict[tuple[str, str], float] = {}
+        for a in range(len(devices)):
+            for b in range(a + 1, len(devices)):
+                both = ~np.isnan(m[:, a]) & ~np.isnan(m[:, b])
+                if both.sum() < 3:
+                    continue
+                c = float(np.corrcoef(m[both, a], m[both, b])[0, 1])
+                if math.isfinite(c):
+                    pairs[(devices[a], devices[b])] = pairs[(devices[b], devices[a])] = c
+        out[program] = pairs
+    return out
 
 
 def blend(shape: np.ndarray, sibling: np.ndarray, groups: Sequence[np.ndarray]) -> np.ndarray:

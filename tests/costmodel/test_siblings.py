@@ -79,3 +79,37 @@ def test_shots_of_a_gpu_with_measured_siblings_refit_its_level_not_its_order() -
     assert np.array_equal(np.argsort(after), np.argsort(before))
     truth = np.asarray([3 * nvidia_time(c) for c in CONFIGS])
     assert np.abs(np.log(after / truth)).mean() < np.abs(np.log(before / truth)).mean()
+
+
+def test_an_outlier_sibling_counts_less_than_those_that_agree_with_the_others() -> None:
+    """Three same-vendor GPUs of three architectures (affinity 1 each): two rank alike, the
+    third mostly by another knob.  A fourth GPU that ranks like the two (the more likely case:
+    from training alone, they agree with more devices) is ranked as they rank, not pulled
+    towards the outlier by an equal share (tau 0.75 with equal weights, 0.98 here)."""
+    a, b, outlier, new = ("cuda:GPU A:sm_70", "cuda:GPU B:sm_75", "cuda:GPU C:sm_80",
+                          "cuda:GPU D:sm_89")
+
+    def odd_time(c: dict) -> float:  # the block size the other way, mildly
+        return 1e-3 * (1 + 0.1 * abs(np.log2(c["block"]) - 5) + 0.1 * c["tile"])
+
+    ranks = MeasuredRanks(space(a, lambda c: nvidia_time(c) * (1 + 0.02 * (c["block"] == 128)))
+                          + space(b, lambda c: nvidia_time(c) * (1 + 0.02 * (c["tile"] == 3)))
+                          + space(outlier, odd_time))
+    assert ranks.typicality("k", outlier) < min(ranks.typicality("k", a),
+                                                ranks.typicality("k", b))
+    w = ranks.weights("k", new)
+    assert w[outlier] < 0.1 * (w[a] + w[b])
+    tau = kendalltau(ranks.ranks(space(new)), [nvidia_time(c) for c in CONFIGS]).statistic
+    assert tau > 0.9
+
+
+def test_a_model_stored_before_the_typicality_weights_still_ranks() -> None:
+    import pickle
+
+    ranks = MeasuredRanks(space(A4000, nvidia_time) + space(A100, nvidia_time)
+                          + space(MI250X, amd_time))
+    want = ranks.ranks(space(A6000))
+    old = MeasuredRanks.__new__(MeasuredRanks)
+    old.__dict__.update(z=ranks.z)  # what a pickle of the earlier class held
+    again = pickle.loads(pickle.dumps(old))
+    assert np.allclose(again.ranks(space(A6000)), want)
