@@ -10,13 +10,10 @@ import numpy as np
 
 from ._features import GRAPH_DIM, NODE_DIM, OPCODES, Sample
 from ._models import LearnedModel, _spread, group_rows, within_group
-from ._work import WorkPrior
 
 
 class SageModel(LearnedModel):
-    """GraphSAGE over the op graph, as ``costmodel._models``' docstring describes it; its level
-    starts from the work prior (``_work``) where the rows have a µGraph (``work_prior=False``:
-    without it)."""
+    """GraphSAGE over the op graph (see the module docstring)."""
 
     kind = "graphsage"
 
@@ -24,10 +21,8 @@ class SageModel(LearnedModel):
     # 4 x 64 rows gave tau 0.65, 6000 steps of 2 x 512 rows, 128 wide, lr 5e-3 gave 0.84
     def __init__(self, hidden: int = 128, layers: int = 2, steps: int = 6000,
                  batch_groups: int = 2, group_rows: int = 512, rank_weight: float = 1.0,
-                 time_budget_s: float = 540.0, threads: int = 2, lr: float = 5e-3,
-                 work_prior: bool = True) -> None:
+                 time_budget_s: float = 540.0, threads: int = 2, lr: float = 5e-3) -> None:
         super().__init__()
-        self.work_prior = work_prior
         self.lr = lr
         self.hidden, self.layers, self.steps = hidden, layers, steps
         self.batch_groups, self.group_rows = batch_groups, group_rows
@@ -93,12 +88,8 @@ class SageModel(LearnedModel):
         self.node_mu, self.node_sd = nodes.mean(0), _spread(nodes)
         self.graph_mu, self.graph_sd = graphs.mean(0), _spread(graphs)
         logt = np.log([s.seconds for s in samples])
-        prior = WorkPrior().fit(samples) if self.work_prior else None
-        self.prior = prior if prior is not None and prior.costs else None  # µGraph rows only
-        # the level head learns what the work prior misses, as the trees' level does (_gbdt)
-        rest = logt - self._base(samples)
-        self.y_mu, self.y_sd = float(rest.mean()), float(rest.std() + 1e-6)
-        y = torch.from_numpy(((rest - self.y_mu) / self.y_sd).astype(np.float32))
+        self.y_mu, self.y_sd = float(logt.mean()), float(logt.std() + 1e-6)
+        y = torch.from_numpy(((logt - self.y_mu) / self.y_sd).astype(np.float32))
         groups = group_rows(samples)
         z = torch.from_numpy(within_group(logt, groups).astype(np.float32))
         weights = np.asarray([len(g) for g in groups], np.float64) ** 0.5
@@ -161,15 +152,7 @@ class SageModel(LearnedModel):
             for i in range(0, len(samples), batch):
                 out.append(net(*self._batch(samples[i:i + batch])).numpy())
         both = np.concatenate(out) if out else np.zeros((0, 2), np.float32)
-        return (both[:, 0] * self.y_sd + self.y_mu + self._base(samples),
-                both[:, 1].astype(np.float64))
-
-    def _base(self, samples: Sequence[Sample]) -> np.ndarray:
-        """The level's starting point: the work prior's log seconds (0 where it has none)."""
-        prior = getattr(self, "prior", None)
-        if prior is None:
-            return np.zeros(len(samples))
-        return np.nan_to_num(prior.log_prior(samples), nan=0.0)
+        return both[:, 0] * self.y_sd + self.y_mu, both[:, 1].astype(np.float64)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

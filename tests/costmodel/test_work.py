@@ -54,16 +54,6 @@ def test_a_larger_program_than_any_trained_on_gets_its_level_from_its_work(rows)
     assert (trees_alone.predict(big) < 0.5 * truth).all()
 
 
-def test_graphsage_starts_its_level_from_the_prior_too() -> None:
-    train = [program(op, r) for op in OPS for r in range(8, 8 + 4 * 16, 4)]
-    big = [program(op, 512) for op in OPS]
-    truth = np.array([s.seconds for s in big])
-    with_prior = make_model("graphsage", steps=150, hidden=16, threads=1)
-    with_prior.fit(train)
-    # (the network alone extrapolates in log space too, less closely: 2.2x off on two here)
-    assert np.allclose(with_prior.predict(big), truth, rtol=0.5)
-
-
 def test_a_device_without_rows_borrows_its_kinds_costs_and_a_gpu_none() -> None:
     prior = WorkPrior().fit([program(op, r) for op in OPS for r in range(8, 72, 4)])
     other_cpu = program("exp", 32)
