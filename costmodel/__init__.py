@@ -26,8 +26,9 @@ from ._dataset import (
 from ._devices import DeviceProfile, device_profile, spec_for_key, unknown_devices
 from ._evaluate import SPLITS, cross_validate, folds
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
+from ._kinds import MODEL_KINDS, load_model, make_model
 from ._metrics import evaluate
-from ._models import MODEL_KINDS, CostModel, load_model, make_model
+from ._models import CostModel
 from ._store import (
     KT_DTYPE,
     KT_STATUS,

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ._features import Sample
+from ._kinds import make_model
 from ._metrics import evaluate
-from ._models import make_model
 from ._siblings import _config_key
 
 SPLITS = ("random", "program", "device")

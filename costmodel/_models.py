@@ -2,7 +2,7 @@
 (``_sage``, seed 001).
 
 ``fit(samples)`` learns log seconds; ``predict(samples)`` returns seconds; ``to_bytes`` /
-``load_model`` move a trained model through the database.  The roofline is the analytical
+``_kinds.load_model`` move a trained model through the database.  The roofline is the analytical
 estimate lowering already makes, with one scale per device fitted on the training rows (it is
 a lower bound, so raw its MAPE says little); the trees (LightGBM) read flat features, the
 TenSet / MetaSchedule anchor; GraphSAGE reads the op graph as the seed paper does: opcode
@@ -26,8 +26,6 @@ from scipy.stats import kendalltau
 
 from ._features import DEVICE_DIM, FEATURE_VERSION, Sample
 from ._siblings import MeasuredRanks, affinity, blend
-
-MODEL_KINDS = ("roofline", "gbdt", "graphsage")
 
 
 class CostModel(ABC):
@@ -57,29 +55,6 @@ class CostModel(ABC):
 
     def to_bytes(self) -> bytes:
         return pickle.dumps(self)
-
-
-def load_model(blob: bytes) -> CostModel:
-    """A model from ``to_bytes``; refuses one made for other features."""
-    model = pickle.loads(blob)  # noqa: S301 - our own database's blobs
-    if getattr(model, "feature_version", None) != FEATURE_VERSION:
-        raise ValueError(f"the stored model reads features of version {model.feature_version}, "
-                         f"this code makes version {FEATURE_VERSION}: train it again")
-    return model
-
-
-def make_model(kind: str, **options) -> CostModel:
-    if kind == "roofline":
-        return RooflineModel()
-    if kind == "gbdt":
-        from ._gbdt import GbdtModel
-
-        return GbdtModel(**options)
-    if kind == "graphsage":
-        from ._sage import SageModel
-
-        return SageModel(**options)
-    raise ValueError(f"unknown model kind {kind!r}; use one of {', '.join(MODEL_KINDS)}")
 
 
 def _spread(x: np.ndarray) -> np.ndarray:
@@ -262,16 +237,3 @@ class LearnedModel(CostModel):
         """Whether the shape prediction is an order only (see ``combine``)."""
         return False
 
-
-def __getattr__(name: str):
-    """Models stored before the learned kinds moved to ``_gbdt`` / ``_sage`` name their class
-    here; unpickling them still finds it."""
-    if name == "GbdtModel":
-        from ._gbdt import GbdtModel
-
-        return GbdtModel
-    if name == "SageModel":
-        from ._sage import SageModel
-
-        return SageModel
-    raise AttributeError(name)

@@ -25,8 +25,9 @@ from ._data import read_kernel_tuner
 from ._devices import DeviceProfile, device_profile, unknown_devices
 from ._evaluate import cross_validate
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
+from ._kinds import load_model, make_model
 from ._metrics import evaluate
-from ._models import CostModel, load_model, make_model
+from ._models import CostModel
 
 KT_DTYPE = "kernel_tuner"  # the dtype column of an imported Kernel Tuner space
 # Kernel Tuner's failure markers -> our measurement statuses (a marker not here: RUNTIME_ERROR);

@@ -10,6 +10,8 @@ PostgreSQL is the shared, many-writer choice; it needs the optional psycopg driv
 from __future__ import annotations
 
 import importlib
+import sqlite3
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -97,14 +99,30 @@ def make_engine(url: URL) -> Engine:
     return engine
 
 
+def _journal_wal(cursor) -> None:
+    """Switch the file to WAL (a no-op once it is).  A fresh file's switch needs it alone, and
+    SQLite answers "database is locked" at once, without its busy handler, while another
+    process is opening it too (one of four launches started at the same instant failed so):
+    try again until the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
         # Let SQLAlchemy's "begin" event (below) issue BEGIN, not the sqlite3 module.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        _journal_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")  # durable across crashes of the process
         cursor.close()

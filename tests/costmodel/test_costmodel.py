@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -134,3 +135,14 @@ def test_the_device_features_tell_gpus_apart():
                          device="d")
     assert not np.array_equal(a.graph, b.graph)
     assert np.array_equal(a.nodes, b.nodes)
+
+
+def test_a_model_stored_before_the_learned_kinds_moved_still_loads():
+    """Models in users' databases were pickled when the trees and GraphSAGE lived in
+    ``costmodel._models``; they moved to ``_gbdt`` / ``_sage``."""
+    for kind in ("gbdt", "graphsage"):
+        blob = pickle.dumps(make_model(kind), protocol=0)
+        old = blob.replace(f"costmodel._{'gbdt' if kind == 'gbdt' else 'sage'}".encode(),
+                           b"costmodel._models")
+        assert old != blob
+        assert load_model(old).kind == kind
