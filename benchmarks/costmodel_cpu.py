@@ -185,6 +185,10 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     wanted = set(args.parts.split(","))
+    known = {"all", "collisions", "variance", "noise", "curve", "level", "mape_parts"}
+    if wanted - known:
+        ap.error(f"--parts: unknown {', '.join(sorted(wanted - known))}; use a comma list of "
+                 f"{', '.join(sorted(known))}")
 
     def run(part: str) -> bool:
         return "all" in wanted or part in wanted

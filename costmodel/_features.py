@@ -55,6 +55,13 @@ DTYPES = ("float32", "float16", "bfloat16")  # the program's storage dtype (one-
 EXP_OPS = frozenset({"exp", "sigmoid", "silu", "gelu", "tanh"})
 DIV_OPS = frozenset({"div", "sqrt", "rsqrt"})
 GRAPH_DIM = 8 + len(DTYPES) + DEVICE_DIM
+# where featurize puts what the work prior (_work) counts: node rows hold the memory level's
+# one-hot, then log2 bytes and log2 FLOPs; the graph vector log2 bytes moved, log2 FLOPs,
+# launches, ..., kernels, log2 exp-family and divide elements, then the dtype's one-hot
+NODE_LEVEL = MAX_RANK + 1 + len(STAGES)
+NODE_BYTES, NODE_FLOPS = NODE_LEVEL + len(LEVELS), NODE_LEVEL + len(LEVELS) + 1
+GRAPH_BYTES, GRAPH_FLOPS, GRAPH_LAUNCHES, GRAPH_KERNELS = 0, 1, 2, 5
+GRAPH_EXP, GRAPH_DIV, GRAPH_DTYPE = 6, 7, 8
 
 
 @dataclass

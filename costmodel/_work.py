@@ -5,9 +5,11 @@ a new program is a new mix of ops, and a tree cannot add up the costs of its par
 time nearly does: launches, bytes moved per memory level, FLOPs per opcode, elements through
 exp-family ops and divides, each at some cost per unit on a device.  ``WorkPrior`` fits those
 costs (non-negative least squares of the relative error, per device and storage dtype) on the
-training rows, and the trees read the log of its estimate as one more feature.  CPU dataset,
-programs held out (5 folds, 300 trees of 63 leaves, AMD EPYC): the level's log error sd 0.952
--> 0.866, its MAPE 0.827 -> 0.700; the prior alone 1.007 / 0.749 (docs/costmodel.md).
+training rows; the trees' level learns what it misses and both boosters read it (``_gbdt``).
+CPU dataset, programs held out (5 folds, 300 trees of 63 leaves, AMD EPYC): the level's log
+error sd 0.952 -> 0.848, the model's MAPE 0.820 -> 0.671, tau 0.419 -> 0.416; the prior alone
+has log error sd 1.007 (docs/costmodel.md).  GraphSAGE started from it did worse (MAPE 0.654
+-> 0.805), so it stays with the trees.
 
 A Kernel Tuner configuration has no µGraph, so no work to count: its prior is nan (LightGBM
 treats that as missing).  Costs are fitted only from a device's rows of ``MIN_PROGRAMS``
@@ -25,10 +27,23 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from search.ir import MAX_RANK
-
 from ._devices import spec_for_key
-from ._features import DTYPES, LEVELS, OPCODES, STAGES, Sample
+from ._features import (
+    DTYPES,
+    GRAPH_BYTES,
+    GRAPH_DIV,
+    GRAPH_DTYPE,
+    GRAPH_EXP,
+    GRAPH_FLOPS,
+    GRAPH_KERNELS,
+    GRAPH_LAUNCHES,
+    LEVELS,
+    NODE_BYTES,
+    NODE_FLOPS,
+    NODE_LEVEL,
+    OPCODES,
+    Sample,
+)
 
 MIN_ROWS = 50  # a device's own costs are fitted from at least this many µGraph rows,
 MIN_PROGRAMS = 30  # of at least this many programs: on the H100 sweep's 9 training programs a
@@ -36,8 +51,6 @@ MIN_PROGRAMS = 30  # of at least this many programs: on the H100 sweep's 9 train
 # totals (call, launches, kernels, bytes, FLOPs, exp and divide elements) another's from 0.6 to
 # 16 (mqa): a sum of costs learned from so few programs is a guess
 STRETCH = math.log(10.0)  # the prior stays within 10x of the device's fastest / slowest rows
-_BYTES = MAX_RANK + 1 + len(STAGES) + len(LEVELS)  # node row: log2 bytes, then log2 FLOPs
-_LEVEL = MAX_RANK + 1 + len(STAGES)  # node row: the memory level's one-hot
 
 
 def _linear(log2: np.ndarray | float) -> np.ndarray:
@@ -50,14 +63,14 @@ def work(s: Sample) -> np.ndarray | None:
     if not (s.estimate_s > 0 and math.isfinite(s.estimate_s)):
         return None
     g = s.graph
-    # launches, kernels, bytes moved, FLOPs, exp-family and divide elements (graph features)
-    units = [1.0, float(g[2]), float(g[5]), *_linear(g[[0, 1, 6, 7]])]
-    flops = np.bincount(s.opcodes, weights=_linear(s.nodes[:, _BYTES + 1]),
+    units = [1.0, float(g[GRAPH_LAUNCHES]), float(g[GRAPH_KERNELS]),
+             *_linear(g[[GRAPH_BYTES, GRAPH_FLOPS, GRAPH_EXP, GRAPH_DIV]])]
+    flops = np.bincount(s.opcodes, weights=_linear(s.nodes[:, NODE_FLOPS]),
                         minlength=len(OPCODES))
-    level = np.argmax(s.nodes[:, _LEVEL:_LEVEL + len(LEVELS)], 1)
-    moved = np.bincount(level, weights=_linear(s.nodes[:, _BYTES]), minlength=len(LEVELS))
+    level = np.argmax(s.nodes[:, NODE_LEVEL:NODE_LEVEL + len(LEVELS)], 1)
+    moved = np.bincount(level, weights=_linear(s.nodes[:, NODE_BYTES]), minlength=len(LEVELS))
     row = np.concatenate([units, flops, moved])
-    dtype = int(np.argmax(g[8:8 + len(DTYPES)]))
+    dtype = int(np.argmax(g[GRAPH_DTYPE:GRAPH_DTYPE + len(DTYPES)]))
     out = np.zeros(len(DTYPES) * len(row))
     out[dtype * len(row):(dtype + 1) * len(row)] = row
     return out
@@ -72,15 +85,16 @@ class WorkPrior:
         self.rows: dict[str, int] = {}
 
     def fit(self, samples: Sequence[Sample]) -> WorkPrior:
-        by_device: dict[str, list[Sample]] = defaultdict(list)
+        by_device: dict[str, list[tuple[Sample, np.ndarray]]] = defaultdict(list)
         for s in samples:
-            if work(s) is not None and s.seconds > 0 and math.isfinite(s.seconds):
-                by_device[s.device].append(s)
+            w = work(s)
+            if w is not None and s.seconds > 0 and math.isfinite(s.seconds):
+                by_device[s.device].append((s, w))
         for device, rows in by_device.items():
-            if len(rows) < MIN_ROWS or len({s.program for s in rows}) < MIN_PROGRAMS:
+            if len(rows) < MIN_ROWS or len({s.program for s, _ in rows}) < MIN_PROGRAMS:
                 continue
-            x = np.stack([work(s) for s in rows])  # type: ignore[misc]
-            t = np.asarray([s.seconds for s in rows])
+            x = np.stack([w for _, w in rows])
+            t = np.asarray([s.seconds for s, _ in rows])
             a = x / t[:, None]  # each row's error relative to its own time
             scale = a.std(0) + 1e-12
             coef, _ = nnls(a / scale, np.ones(len(t)), maxiter=20 * a.shape[1])
