@@ -52,7 +52,9 @@ class CudaDialect(CStyle):
     scratch_qualifier = ""  # threads of a block share tiles: no __restrict__ (see CStyle)
 
     def prelude(self, plans: list[KernelPlan]) -> list[str]:
+        # NVRTC compiles without <math.h>: the max pass's -INFINITY needs its own definition
         lines = ["#include <cuda_fp16.h>", "#include <cuda_bf16.h>",
+                 "#ifndef INFINITY", "#define INFINITY __int_as_float(0x7f800000)", "#endif",
                  f"{self.fn_prefix} float exp_f(float x) {{ return expf(x); }}",
                  *super().prelude(plans), GROUP_SUM, GROUP_MAX]
         return lines + ([GRID_BARRIER] if any(p.barriers for p in plans) else [])
