@@ -26,6 +26,7 @@ from ._mapping import (
     triton_default_config,
 )
 from ._plan import (
+    DOT_MIN,
     Access,
     Buffer,
     Kernel,
@@ -38,12 +39,13 @@ from ._plan import (
     RowReduce,
     Store,
     View,
+    pad,
 )
 from ._schedule import STREAM_ROW_MAX, STREAM_ROW_MIN
 from ._stitch import plan_shared
 
 __all__ = [
-    "ZERO_OK",
+    "ZERO_OK", "DOT_MIN", "pad",
     "KNOBS", "ROW_OPS", "STREAM_ROW_MAX", "STREAM_ROW_MIN", "Access", "Buffer", "Kernel", "KernelPlan", "Let", "Level", "Loop", "Mapping",
     "Phase", "RowReduce", "Store", "View", "astitch_rule", "blocks_per_wave", "concretize",
     "default_config", "triton_default_config", "divisibility_constraints", "divisors", "is_row_form", "lower",

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping as MappingT
 
 from kernels.hardware import DeviceSpec, get_spec
-from search.ir import BlockGraph, KernelGraph, ShapeError
+from search.ir import DTYPE_BYTES, BlockGraph, KernelGraph, ShapeError
 
 from ._fuse import Fuser
 from ._mapping import (
@@ -27,7 +27,20 @@ from ._mapping import (
     split_config,
     triton_default_config,
 )
-from ._plan import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Mapping, Phase, Store, View
+from ._plan import (
+    Access,
+    Buffer,
+    Kernel,
+    KernelPlan,
+    Let,
+    Level,
+    Loop,
+    Mapping,
+    Phase,
+    Store,
+    View,
+    pad,
+)
 from ._predefined import predefined_block_graph
 from ._schedule import schedule
 from ._softmax import shift_exponentials
@@ -68,6 +81,15 @@ def lower(graph: KernelGraph, config: MappingT[str, int] | None = None,
             bg = predefined_block_graph(op.kind, dict(op.attrs), specs, out_shape, spec)
             what, kn = f"predefined {op.kind} #{i}", {}
         plan.kernels += lower_block(bg, f"{name}_k{i}", what, ins, outs, spec, kn, plan)
+        if knobs.get("triton") and op.kind == "graph_kernel":
+            stages = int(knobs.get("stages", 3))
+            need = triton_smem_bytes(bg, plan.dtype, stages)
+            if need > spec.smem_per_block_optin:  # refused before a trial is spent on it
+                raise ValueError(
+                    f"config: triton=1 tiles of {what} need ~{need // 1024} KiB of shared "
+                    f"memory with stages={stages}, more than a {spec.name} block's "
+                    f"{spec.smem_per_block_optin // 1024} KiB; choose smaller tiles (more "
+                    "blocks or for-loop steps) or fewer stages")
     _layout_workspace(plan)
     if knobs.get("triton"):
         _choose_triton(plan)
@@ -85,6 +107,21 @@ def _choose_triton(plan: KernelPlan) -> None:
             raise ValueError(f"config: triton=1 cannot run {k.name}: it splits rows across "
                              "blocks (split > 1 or phases joined by a barrier); use triton=0")
     plan.dialect = "triton"
+
+
+def triton_smem_bytes(bg: BlockGraph, dtype: str, stages: int) -> int:
+    """About what Triton's pipeliner keeps in shared memory for one graph-defined kernel: the
+    tiles its for-loop walks (padded as the Triton dialect holds them, in the stored dtype),
+    once per buffered stage (``stages - 1``).  On an H100 a 16x512 @ 512x512 float16 step
+    asked for 1,081,472 bytes (twice the two tiles) and failed to compile."""
+    width = DTYPE_BYTES.get(dtype, 4)
+    tiles = 0
+    for op in bg.ops_of("input"):
+        if op.attrs.get("fmap", -1) >= 0:
+            shape = bg.tensors[op.outputs[0]].shape
+            rows = math.prod(int(d) for d in shape[:-1]) if len(shape) > 1 else 1
+            tiles += pad(rows) * pad(int(shape[-1]) if shape else 1)
+    return tiles * width * max(1, stages - 1)
 
 
 def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: DeviceSpec

@@ -180,6 +180,16 @@ class Phase:
     loops: list[Loop] = field(default_factory=list)
 
 
+DOT_MIN = 16  # tl.dot needs every dimension of its operands to be at least this
+
+
+def pad(n: int) -> int:
+    """A tile dimension as the Triton dialect holds it: 1 stays 1 (a broadcast dim), anything
+    else the power of two at or above it and at least ``DOT_MIN``, so every tile can feed
+    ``tl.dot``."""
+    return 1 if n == 1 else max(DOT_MIN, 1 << (n - 1).bit_length())
+
+
 @dataclass
 class Mapping:
     """The thread mapping of one kernel (AStitch's adaptive thread mapping)."""

@@ -235,3 +235,21 @@ def test_a_one_pass_softmax_is_shifted_by_its_row_max_and_feeds_the_tensor_cores
     assert all(np.isfinite(o).all() for o in res.outputs)
     # E / sum(E) lies in [0, 1]: P·V is a half-precision tl.dot, not a float32 one
     assert "shifted by its row max" in res.source and "ieee" not in res.source
+
+
+def test_triton_tiles_that_overflow_shared_memory_are_refused_before_a_trial():
+    """On an H100 a 16x512 @ 512x512 float16 for-loop step asked Triton for 1,081,472 bytes of
+    shared memory and failed to compile; lower refuses it (an illegal config, not a trial),
+    while the Triton default and the paper configs stay legal."""
+    from kernels import get_spec, legal, triton_default_config
+
+    program = load_program("rmsnorm_matmul", {"X": (16, 1024), "W": (1024, 1024)})
+    structure = handwritten(program)
+    huge = {"g0": 2, "F": 2, "triton": 1, "stages": 3}
+    why = legal(structure, huge, "H100")
+    assert why is not None and "1056 KiB of shared memory" in why and "227 KiB" in why, why
+    assert legal(structure, {**huge, "triton": 0}, "H100") is None  # CUDA-C tiles differ
+    assert legal(structure, triton_default_config(structure, get_spec("H100")), "H100") is None
+    for name, config in TRITON_PAPER_CONFIGS.items():
+        paper = handwritten(load_program(name))
+        assert legal(paper, {**config, "triton": 1, "stages": 4}, "H100") is None, name
