@@ -1,7 +1,8 @@
 """Our kernels beside what users already have, on the same inputs, in one run.
 
     .venv/bin/python benchmarks/peers.py [--device cpu|cuda] [--db URL] [--structures DIR]
-        [--only NAME ...] [--rounds 5] [--threads N] [--budget S] [--no-compile] [--json]
+        [--sweep FILE] [--only NAME ...] [--rounds 5] [--threads N] [--budget S]
+        [--no-compile] [--json]
 
 Rows: the suite's programs at their default (paper) shapes.  Columns, each timed by the one
 timing loop (``kernels.measure``: host clock on a cpu, CUDA events on a GPU), interleaved
@@ -13,8 +14,9 @@ round robin for ``--rounds`` rounds, medians reported:
 - ``compile`` / ``compile-max``: ``torch.compile`` of that function (default mode, and
   ``max-autotune-no-cudagraphs``), compiled before timing;
 - ``tuner``: our kernel — the best stored in ``--db`` for this device (``tuner.best``; where
-  the library path won the launch, what ``tuner.load`` serves: numpy op by op), or
-  else the structure of ``--structures`` (search outputs) or the hand-written one that the
+  the library path won the launch, what ``tuner.load`` serves: numpy op by op), or the
+  fastest checked trial of a ``--sweep`` file (``benchmarks/sweep.py``: structures and configs
+  measured on this device), or else the structure of ``--structures`` (search outputs) or the hand-written one that the
   device's roofline estimate ranks first, with the AStitch default config — checked against
   the float reference in the isolated worker first, then called in this process.
 
@@ -184,13 +186,17 @@ def tuner_side(args, program, device, inputs) -> Side | None:
 
             structure, config = from_obj(record.structure), record.config
             source, label = record.source, f"stored {record.structure_hash[:10]}"
+    if structure is None and args.sweep:
+        found = swept_best(args.sweep, program.name)
+        if found is not None:
+            structure, config, label = found
     if structure is None:
         graphs, names = [handwritten(program), ref], ["hand-written", "reference"]
         found = Path(args.structures or "") / f"{program.name}.json"
         if args.structures and found.is_file():
             for entry in read_structures(str(found)):
-                graphs.append(entry["graph"])
-                names.append(f"search {entry['hash'][:10]}")
+                graphs.append(entry.graph)
+                names.append(f"search {entry.hash[:10]}")
         best = rank_structures(graphs, device.spec)[0]
         structure, label = graphs[best], names[best]
         if args.device == "cuda":  # the dialect whose estimate is faster (untuned default)
@@ -222,10 +228,39 @@ def tuner_side(args, program, device, inputs) -> Side | None:
         raw = build_kernel(cp, plan, source)  # launched directly: no host copies timed
         return Side(f"tuner ({label}, {plan.config})", lambda: (raw(xs, outs), outs)[1],
                     lambda o: cp.asnumpy(o).astype(np.float32), EventClock(cp))
-    call = device.load(plan, source)
-    xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
-    outs = [np.empty(b.shape, np.float32) for b in plan.outputs]
-    return Side(f"tuner ({label}, {plan.config})", lambda: call(*xs, out=outs), np.asarray)
+    from kernels.devices import STORAGE, from_storage, to_storage
+
+    call = device.load(plan, source)  # arrays in the program's storage dtype: no conversions
+    xs = [to_storage(x, b.dtype) for x, b in zip(inputs, plan.inputs, strict=True)]
+    outs = [np.empty(b.shape, STORAGE.get(b.dtype, np.float32)) for b in plan.outputs]
+    dtype = plan.outputs[0].dtype
+    return Side(f"tuner ({label}, {plan.config})", lambda: call(*xs, out=outs),
+                lambda o: from_storage(o, dtype))
+
+
+def swept_best(path: str, name: str) -> tuple | None:
+    """(structure, config, label) of the fastest checked trial of ``name`` in a
+    ``benchmarks/sweep.py`` file (JSON lines, optionally gzipped), or None."""
+    import gzip
+
+    from search import from_obj
+
+    opener = gzip.open if path.endswith(".gz") else open
+    graphs, best = {}, None
+    with opener(path, "rt") as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("program") != name:
+                continue
+            if rec["kind"] == "structure":
+                graphs[rec["hash"]] = rec["graph"]
+            elif rec["kind"] == "trial" and rec["status"] == "ok" and rec.get("median_s") \
+                    and (best is None or rec["median_s"] < best["median_s"]):
+                best = rec
+    if best is None or best["structure"] not in graphs:
+        return None
+    return (from_obj(graphs[best["structure"]]), best["config"],
+            f"swept {best['structure'][:10]} ({best['median_s'] * 1e3:.4f} ms there)")
 
 
 def call_outputs(graph) -> list:
@@ -295,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--db", help="database URL: our column is the stored best kernel")
     parser.add_argument("--structures", metavar="DIR", help="search outputs, <program>.json")
+    parser.add_argument("--sweep", metavar="FILE",
+                        help="a benchmarks/sweep.py file: our column is its fastest trial")
     parser.add_argument("--only", nargs="*", choices=PROGRAMS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=0.3, help="seconds per timing")

@@ -51,10 +51,10 @@ def candidates(name: str, program, structures: Path | None, device, top: int) ->
     path = structures / f"{name}.json" if structures else None
     if path and path.is_file():
         for entry in read_structures(str(path)):
-            g = entry["graph"]
+            g = entry.graph
             if [tuple(g.tensors[t].shape) for t in g.input_ids] == \
                     [tuple(s) for s in program.inputs.values()]:
-                found.append((g, entry["hash"], "search"))
+                found.append((g, entry.hash, "search"))
     hand = handwritten(program)
     ref = program.build()
     found += [(hand, structural_hash(hand), "hand-written"),

@@ -29,6 +29,7 @@ from kernels.lowering import (
     is_row_form,
     lower,
     resolve_spec,
+    triton_default_config,
 )
 from search.ir import DTYPE_BYTES, KernelGraph, ShapeError, op_flops
 
@@ -56,6 +57,9 @@ class ConfigSpace:
     default: dict[str, int]
     constraints: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     row_len: int = 0
+    # other rules' starting points (on a GPU the Triton dialect's default: tl.dot tiles that
+    # fill the SMs), tried right after ``default``; see ``tuner.pipeline.tune.warm_start``
+    alternates: list[dict[str, int]] = field(default_factory=list)
 
     def check(self, config: Mapping[str, int]) -> str | None:
         """None when ``config`` is legal, else why not (divisibility or knob rules)."""
@@ -140,7 +144,24 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
                                      "stream", "triton", "stages")
              if k in params and k in default}
     chosen = {k: v for k, v in default.items() if k in structure.symbols()} | knobs
-    return ConfigSpace(params, chosen, constraints, row_len)
+    if "lanes" in params and "lanes" not in chosen:
+        # the rule left lanes to the lowering (a matmul's tile mapping): the default states
+        # what it chose, so that the default and its one-parameter moves are complete configs
+        # (without it every move of rmsnorm_matmul's default failed check: "lanes is not set")
+        lanes = lower(structure, chosen, spec, "lanes").kernels[0].mapping.lanes
+        params["lanes"] = tuple(sorted({*params["lanes"], lanes}))
+        chosen["lanes"] = lanes
+    space = ConfigSpace(params, chosen, constraints, row_len)
+    if spec.kind != "cpu" and bgs:
+        try:
+            rule = triton_default_config(structure, spec)
+        except ShapeError:
+            rule = {}
+        alternate = {**chosen, **{k: int(v) for k, v in rule.items() if k in params}}
+        if rule and alternate != chosen and space.check(alternate) is None \
+                and legal(structure, alternate, spec) is None:
+            space.alternates.append(alternate)
+    return space
 
 
 def _schedule_knobs(structure: KernelGraph, default: Mapping[str, int], spec: DeviceSpec,

@@ -87,17 +87,19 @@ def study_name(program: str, program_hash: str, shapes_key: str, structure_hash:
 
 
 def warm_start(space: ConfigSpace) -> list[dict[str, int]]:
-    """The first trials of a new study: the AStitch default, then the default with one
-    parameter moved to either end of its range (legal ones only).  The rule is usually right
-    about most parameters and wrong about one; the ends show the sampler which way each axis
-    goes.  ntrans (8x4096) on this cpu: the default g0=8, split=1 and the best g0=8,
+    """The first trials of a new study: the AStitch default (on a GPU then the Triton
+    dialect's default, ``ConfigSpace.alternates``), then each with one parameter moved to
+    either end of its range (legal ones only).  The rule is usually right about most
+    parameters and wrong about one; the ends show the sampler which way each axis goes.  ntrans (8x4096) on this cpu: the default g0=8, split=1 and the best g0=8,
     split=16 differ in one parameter, at its end."""
-    out = [dict(space.default)]
+    starts = [dict(space.default), *(dict(a) for a in space.alternates)]
+    out = list(starts)
     for name, choices in space.params.items():
         for value in (choices[-1], choices[0]):
-            config = {**space.default, name: value}
-            if config not in out and space.check(config) is None:
-                out.append(config)
+            for start in starts:  # on a GPU the AStitch and the Triton default's moves
+                config = {**start, name: value}
+                if config not in out and space.check(config) is None:
+                    out.append(config)
     return out
 
 
