@@ -34,6 +34,7 @@ _EXPORTS = {
     "Timing": "devices", "measure": "devices", "compile_cpp": "devices",
     "timing_noise": "devices", "machine_load": "devices", "verdict": "devices", "TIE_LIMIT": "devices",
     "CompileError": "devices", "nvcc_check": "devices", "nvcc_available": "devices",
+    "nvrtc_check": "devices", "nvrtc_available": "devices",
     "random_inputs": "devices", "tolerance": "devices", "thread_env": "devices",
     "as_stored": "devices", "as_logical": "devices",
     "LibraryKernel": "devices", "library_kernel": "devices", "library_source": "devices",

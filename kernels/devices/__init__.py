@@ -34,6 +34,8 @@ _EXPORTS = {
     "reference": "_check", "tolerance": "_check", "TOLERANCE": "_check",
     "compile_cpp": "_compile", "CompileError": "_compile", "nvcc_check": "_compile",
     "nvcc_available": "_compile", "find_nvcc": "_compile", "NvccReport": "_compile",
+    "nvrtc_check": "_compile", "nvrtc_available": "_compile", "find_nvrtc": "_compile",
+    "nvrtc_version": "_compile", "nvrtc_include_dir": "_compile", "NVRTC_OPTIONS": "_compile",
     "KernelResources": "_compile", "normalize_arch": "_compile", "DEFAULT_CPP_FLAGS": "_compile", "cpp_flags": "_compile",
     "IsolatedWorker": "_isolate", "RunResult": "_isolate", "run_isolated": "_isolate",
     "compare_outputs": "_worker",

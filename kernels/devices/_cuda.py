@@ -31,6 +31,7 @@ from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution
 from ._check import Expected, as_stored, input_layouts, random_inputs
+from ._compile import NVRTC_OPTIONS
 from ._isolate import IsolatedWorker, run_isolated
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR
 from ._storage import STORAGE, from_storage, to_storage
@@ -145,7 +146,8 @@ class CudaDevice(Device):
 
 
 def _include_options(cp: Any) -> tuple[str, ...]:
-    """NVRTC needs the toolkit's headers for cuda_fp16.h / cuda_bf16.h."""
+    """NVRTC needs the toolkit's headers for cuda_fp16.h / cuda_bf16.h (without a GPU,
+    ``nvrtc_check`` finds the same headers its own way: ``nvrtc_include_dir``)."""
     try:
         path = cp.cuda.get_cuda_path()
     except Exception:  # noqa: BLE001 - CuPy raises various errors when the toolkit is absent
@@ -158,7 +160,7 @@ class CudaKernel:
     storage dtypes (``STORAGE``)."""
 
     def __init__(self, cp: Any, plan: KernelPlan, source: str,
-                 options: Sequence[str] = ("--std=c++17",)) -> None:
+                 options: Sequence[str] = NVRTC_OPTIONS) -> None:
         self.plan, self.source = plan, source
         self.module = cp.RawModule(code=source, options=(*options, *_include_options(cp)))
         self.launches = launches(plan)
