@@ -1,7 +1,7 @@
 """Measure many configs of each program's best structures on one device, to a JSON-lines file.
 
     .venv/bin/python benchmarks/sweep.py --device cuda --structures DIR --out sweep.jsonl
-        [--only NAME ...] [--top 3] [--seconds 30] [--seed 0]
+        [--only NAME ...] [--top 3] [--with-handwritten] [--seconds 30] [--seed 0]
 
 For every program of the suite (and softmax_rows, rmsnorm_residual) at its default shapes, the
 candidates are the search's verified structures in ``DIR/<program>.json`` (a ``tuner search
@@ -41,8 +41,10 @@ PROGRAMS = ("rmsnorm_matmul", "gated_mlp", "lora", "gqa", "qknorm_gqa", "mha", "
             "softmax_rows", "rmsnorm_residual")
 
 
-def candidates(name: str, program, structures: Path | None, device, top: int) -> list[tuple]:
-    """[(graph, hash, where from)] best first by the roofline estimate on ``device``."""
+def candidates(name: str, program, structures: Path | None, device, top: int,
+               with_hand: bool = False) -> list[tuple]:
+    """[(graph, hash, where from)] best first by the roofline estimate on ``device`` (and the
+    hand-written structure after them, ``with_hand``)."""
     from kernels import rank_structures
     from search import handwritten, structural_hash
     from tuner.api import read_structures
@@ -65,7 +67,10 @@ def candidates(name: str, program, structures: Path | None, device, top: int) ->
             seen.add(h)
             unique.append((g, h, where))
     order = rank_structures([g for g, _, _ in unique], device)
-    return [unique[i] for i in order[:top]]
+    chosen = [unique[i] for i in order[:top]]
+    if with_hand and not any(where == "hand-written" for _, _, where in chosen):
+        chosen += [c for c in unique if c[2] == "hand-written"]
+    return chosen
 
 
 def configs(space, rng: random.Random):
@@ -113,7 +118,7 @@ def sweep(args: argparse.Namespace, out) -> None:
             base = measure_baseline(device, program, worker)
             emit({"kind": "baseline", "program": name, "shapes": shapes, **base})
             cands = candidates(name, program, args.structures and Path(args.structures),
-                               spec, args.top)
+                               spec, args.top, args.with_handwritten)
             deadline = time.perf_counter() + args.seconds
             per = args.seconds / len(cands)
             best: dict[str, float] = {}
@@ -167,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0,
                         help="measuring time per program (30)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--with-handwritten", action="store_true",
+                        help="sweep the hand-written structure too, after the --top ones")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     with open(args.out, "w") as out:

@@ -35,6 +35,12 @@ from search.ir import DTYPE_BYTES, KernelGraph, ShapeError, op_flops
 
 MAX_SPLIT = 16  # blocks per row beyond this only add partial sums on any device we know
 GPU_BLOCKS = (64, 128, 256, 512, 1024)
+# How much slower than the float32 peak the CUDA-C dialect's matmuls run on a GPU: measured on
+# an H100 (2026-11-27, benchmarks/sweep.py, 4 configs each) rmsnorm_matmul at 0.095 TFLOP/s,
+# gated_mlp 0.34, lora 0.08, gqa's hand-written structure 0.5 against 67 TFLOP/s, 130-800x off
+# (a dot product per thread: no register tile, no tensor cores); the estimate charges 200x, so
+# a structure the Triton dialect can print ranks above one only CUDA C can
+CUDA_C_MATMUL_SLOWDOWN = 200.0
 TRITON_STAGES = (2, 3, 4)  # software-pipelining depths offered to the Triton dialect
 TRITON_TILES = (16, 32, 64, 128, 256)  # tile extents a GPU space always offers
 
@@ -60,6 +66,7 @@ class ConfigSpace:
     # other rules' starting points (on a GPU the Triton dialect's default: tl.dot tiles that
     # fill the SMs), tried right after ``default``; see ``tuner.pipeline.tune.warm_start``
     alternates: list[dict[str, int]] = field(default_factory=list)
+    alternate_first: bool = False
 
     def check(self, config: Mapping[str, int]) -> str | None:
         """None when ``config`` is legal, else why not (divisibility or knob rules)."""
@@ -161,6 +168,9 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         if rule and alternate != chosen and space.check(alternate) is None \
                 and legal(structure, alternate, spec) is None:
             space.alternates.append(alternate)
+            # tried first where the estimate says it is faster (every matmul program on a GPU)
+            space.alternate_first = estimate(structure, alternate, spec).seconds < \
+                estimate(structure, chosen, spec).seconds
     return space
 
 
@@ -222,10 +232,13 @@ def estimate(structure: KernelGraph, config: Mapping[str, int] | None,
     # on float16 / bfloat16 tiles runs on the tensor cores
     width = DTYPE_BYTES.get(plan.dtype, 4) if spec.kind != "cpu" else 4
     tensor = plan.dialect == "triton" and plan.dtype in ("float16", "bfloat16")
+    # the CUDA-C dialect's matmul: a float32 dot product per output element per thread
+    slow = CUDA_C_MATMUL_SLOWDOWN if spec.kind != "cpu" and plan.dialect != "triton" else 1.0
     for i, op in enumerate(op for op in bound.ops if op.kind not in ("input", "output")):
-        b, f = _op_traffic(bound, op, width)
+        b, f, mm = _op_traffic(bound, op, width)
         moved, flops = moved + b, flops + f
-        seconds += roofline(b, f, 0, spec, tensor_cores=tensor) / share.get(i, 1.0)
+        charged = f + (slow - 1.0) * mm
+        seconds += roofline(b, charged, 0, spec, tensor_cores=tensor) / share.get(i, 1.0)
     return Estimate(moved, flops, len(plan.kernels), seconds)
 
 
@@ -240,17 +253,18 @@ def _fill(plan: KernelPlan, spec: DeviceSpec) -> dict[int, float]:
     return out
 
 
-def _op_traffic(bound: KernelGraph, op, width: int = 4) -> tuple[int, int]:
-    """(bytes moved, FLOPs) of one kernel-graph op of a bound graph, ``width`` bytes an
-    element."""
+def _op_traffic(bound: KernelGraph, op, width: int = 4) -> tuple[int, int, int]:
+    """(bytes moved, FLOPs, of which matmul FLOPs) of one kernel-graph op of a bound graph,
+    ``width`` bytes an element."""
     if op.kind != "graph_kernel":
+        f = op_flops(op.kind, [bound.tensors[t].shape for t in op.inputs],
+                     bound.tensors[op.outputs[0]].shape)
         return (width * sum(math.prod(bound.tensors[t].shape) for t in op.inputs + op.outputs),
-                op_flops(op.kind, [bound.tensors[t].shape for t in op.inputs],
-                          bound.tensors[op.outputs[0]].shape))
+                f, f if op.kind == "matmul" else 0)
     bg = op.attrs["block_graph"]
     blocks = math.prod(int(g) for g in bg.grid)
     iters = int(bg.forloop_range)
-    moved = flops = 0
+    moved = flops = matmul = 0
     for bop in bg.ops:
         out_shape = bg.tensors[bop.outputs[0]].shape if bop.outputs else ()
         if bop.kind == "input":
@@ -260,9 +274,11 @@ def _op_traffic(bound: KernelGraph, op, width: int = 4) -> tuple[int, int]:
             moved += width * math.prod(bg.tensors[bop.inputs[0]].shape) * blocks
         else:
             times = iters if bg.tensors[bop.outputs[0]].stage == "body" else 1
-            flops += blocks * times * op_flops(
+            f = blocks * times * op_flops(
                 bop.kind, [bg.tensors[t].shape for t in bop.inputs], out_shape)
-    return moved, flops
+            flops += f
+            matmul += f if bop.kind == "matmul" else 0
+    return moved, flops, matmul
 
 
 def legal(structure: KernelGraph, config: Mapping[str, int], device: str | DeviceSpec

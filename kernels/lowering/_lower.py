@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping as MappingT
 
 from kernels.hardware import DeviceSpec, get_spec
-from search.ir import DTYPE_BYTES, BlockGraph, KernelGraph, ShapeError
+from search.ir import BlockGraph, KernelGraph, ShapeError
 
 from ._fuse import Fuser
 from ._mapping import (
@@ -26,6 +26,7 @@ from ._mapping import (
     is_row_form,
     split_config,
     triton_default_config,
+    triton_smem_bytes,
 )
 from ._plan import (
     Access,
@@ -39,7 +40,6 @@ from ._plan import (
     Phase,
     Store,
     View,
-    pad,
 )
 from ._predefined import predefined_block_graph
 from ._schedule import schedule
@@ -107,21 +107,6 @@ def _choose_triton(plan: KernelPlan) -> None:
             raise ValueError(f"config: triton=1 cannot run {k.name}: it splits rows across "
                              "blocks (split > 1 or phases joined by a barrier); use triton=0")
     plan.dialect = "triton"
-
-
-def triton_smem_bytes(bg: BlockGraph, dtype: str, stages: int) -> int:
-    """About what Triton's pipeliner keeps in shared memory for one graph-defined kernel: the
-    tiles its for-loop walks (padded as the Triton dialect holds them, in the stored dtype),
-    once per buffered stage (``stages - 1``).  On an H100 a 16x512 @ 512x512 float16 step
-    asked for 1,081,472 bytes (twice the two tiles) and failed to compile."""
-    width = DTYPE_BYTES.get(dtype, 4)
-    tiles = 0
-    for op in bg.ops_of("input"):
-        if op.attrs.get("fmap", -1) >= 0:
-            shape = bg.tensors[op.outputs[0]].shape
-            rows = math.prod(int(d) for d in shape[:-1]) if len(shape) > 1 else 1
-            tiles += pad(rows) * pad(int(shape[-1]) if shape else 1)
-    return tiles * width * max(1, stages - 1)
 
 
 def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: DeviceSpec

@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from itertools import product
 
 from kernels.hardware import DeviceSpec
-from search.ir import ELEMENTWISE_OPS, ROW_REDUCTIONS, BlockGraph, KernelGraph, ShapeError
+from search.ir import (
+    DTYPE_BYTES,
+    ELEMENTWISE_OPS,
+    ROW_REDUCTIONS,
+    BlockGraph,
+    KernelGraph,
+    ShapeError,
+)
+
+from ._plan import pad
 
 # Config keys that are not structure symbols.  smem_kb: the shared-memory budget of a block in
 # KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.
@@ -219,6 +228,24 @@ def default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
     return config
 
 
+def triton_smem_bytes(bg: BlockGraph, dtype: str, stages: int) -> int:
+    """About what Triton keeps in shared memory for one bound graph-defined kernel: its input
+    tiles (padded as the Triton dialect holds them, in the stored dtype), those its for-loop
+    walks once per buffered stage (``stages - 1``), the others once.  Measured on an H100:
+    a 16x512 @ 512x512 float16 step asked for 1,081,472 bytes (twice the two tiles) and
+    gated_mlp's loop-free 4096x32 weight tiles 262,144; both failed to compile."""
+    walked = whole = 0
+    for op in bg.ops_of("input"):
+        shape = bg.tensors[op.outputs[0]].shape
+        rows = math.prod(int(d) for d in shape[:-1]) if len(shape) > 1 else 1
+        tile = pad(rows) * pad(int(shape[-1]) if shape else 1)
+        if op.attrs.get("fmap", -1) >= 0 and int(bg.forloop_range) > 1:
+            walked += tile
+        else:
+            whole += tile
+    return (walked * max(1, stages - 1) + whole) * DTYPE_BYTES.get(dtype, 4)
+
+
 def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
     """The default for the Triton dialect: whole rows per program (no task splitting), and
     for matmul kernels output tiles whose dims are powers of two of 16 or more (tl.dot's
@@ -250,14 +277,22 @@ def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int
         return all(d == w or (d >= 16 and not d & (d - 1))
                    for d, w in zip(tiles(b), whole, strict=True))
 
+    dtype = graph.tensors[graph.input_ids[0]].dtype if graph.input_ids else "float32"
+
+    def fits(b: MappingT[str, int]) -> bool:
+        """The tiles fit a block's shared memory at the default 3 stages."""
+        return all(triton_smem_bytes(bg.bind({k: v for k, v in b.items()
+                                               if k in bg.symbols()}), dtype, 3)
+                   <= spec.smem_per_block_optin for bg in bgs)
+
     def score(b: MappingT[str, int]) -> tuple:
         blocks = max(_grid_blocks(bg, b) for bg in bgs)
         fill = blocks / (-(-blocks // spec.sm_count) * spec.sm_count)
         steps = [size // math.prod(b[s] for s in syms) for size, syms in cons
                  if any(s == bg.forloop_range for bg in bgs for s in syms)]
         step = min(steps) if steps else 64
-        return (not tiles_ok(b), -round(fill, 2), abs(math.log2(max(1, step) / 64)),
-                -_inner_rows(bgs, b))
+        return (not fits(b), not tiles_ok(b), -round(fill, 2),
+                abs(math.log2(max(1, step) / 64)), -_inner_rows(bgs, b))
 
     return {**min(candidates, key=score), "block": 128, "triton": 1, "stages": 3}
 
