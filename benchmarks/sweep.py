@@ -132,7 +132,14 @@ def sweep(args: argparse.Namespace, out) -> None:
                 for j, config in enumerate(configs(space, rng)):
                     if time.perf_counter() > stop:
                         break
-                    est = estimate(g, config, spec)
+                    try:
+                        est = estimate(g, config, spec)
+                    except ValueError as err:  # illegal (e.g. Triton tiles over shared memory)
+                        emit({"kind": "trial", "program": name, "structure": h, "from": where,
+                              "default": j == 0, "config": config, "status": "invalid",
+                              "message": str(err)[:500]})
+                        counts["invalid"] = counts.get("invalid", 0) + 1
+                        continue
                     res = device.run_trial(g, ref, config, worker=worker)
                     emit({"kind": "trial", "program": name, "structure": h, "from": where,
                           "default": j == 0, "config": config,

@@ -248,10 +248,10 @@ def triton_smem_bytes(bg: BlockGraph, dtype: str, stages: int) -> int:
 
 def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
     """The default for the Triton dialect: whole rows per program (no task splitting), and
-    for matmul kernels output tiles whose dims are powers of two of 16 or more (tl.dot's
-    tiles), the grid that keeps the most of the SMs' waves busy (a decode-sized weight stream
-    needs enough tiles: rmsnorm_matmul's 6144 columns in 384 tiles of 16, not 96 of 64), and
-    a for-loop step of ~64."""
+    for matmul kernels tiles that fit shared memory, output tiles whose dims are powers of two
+    of 16 or more (tl.dot's tiles) and at least 64 columns wide (128-byte weight rows: on an
+    H100 rmsnorm_matmul's 96 tiles of 64 beat its 384 of 16, which fill the SMs, 1.7-1.9x),
+    then the grid that keeps the most of the SMs' waves busy, and a for-loop step of ~64."""
     bgs = graph.block_graphs()
     if not graph.symbols() or (bgs and all(is_row_form(bg) for bg in bgs)):
         config = default_config(graph, spec) if graph.symbols() else {}
@@ -285,13 +285,20 @@ def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int
                                                if k in bg.symbols()}), dtype, 3)
                    <= spec.smem_per_block_optin for bg in bgs)
 
+    def wide(b: MappingT[str, int]) -> bool:
+        """Output tiles of >= 64 columns (or the whole row): each weight row read is 128
+        bytes of float16.  On an H100 rmsnorm_matmul's 96 tiles of 64 columns ran in 0.063 ms,
+        its 384 tiles of 16 columns (which fill the SMs) in 0.108-0.121 ms."""
+        whole = tiles({s: (v if s not in grid_syms else 1) for s, v in b.items()})[1::2]
+        return all(d >= min(64, w) for d, w in zip(tiles(b)[1::2], whole, strict=True))
+
     def score(b: MappingT[str, int]) -> tuple:
         blocks = max(_grid_blocks(bg, b) for bg in bgs)
         fill = blocks / (-(-blocks // spec.sm_count) * spec.sm_count)
         steps = [size // math.prod(b[s] for s in syms) for size, syms in cons
                  if any(s == bg.forloop_range for bg in bgs for s in syms)]
         step = min(steps) if steps else 64
-        return (not fits(b), not tiles_ok(b), -round(fill, 2),
+        return (not fits(b), not tiles_ok(b), not wide(b), -round(fill, 2),
                 abs(math.log2(max(1, step) / 64)), -_inner_rows(bgs, b))
 
     return {**min(candidates, key=score), "block": 128, "triton": 1, "stages": 3}

@@ -204,8 +204,8 @@ def test_the_triton_default_gives_tl_dot_tiles_that_fill_the_gpu(name):
             for d in (lp.rows, lp.cols):
                 whole = d in {int(x) for s in load_program(name).inputs.values() for x in s}
                 assert whole or d == 1 or (d >= 16 and d & (d - 1) == 0), (name, lp.shape)
-    if name == "rmsnorm_matmul":  # a decode-sized weight stream: 384 tiles, ~3 waves of 132
-        assert plan.config["g0"] == 384
+    if name == "rmsnorm_matmul":  # a decode-sized weight stream: 64-column tiles (128-byte
+        assert plan.config["g0"] == 96  # rows; the H100 ran them 1.7-1.9x faster than 16-column)
 
 
 def test_the_estimate_knows_the_tensor_cores():
