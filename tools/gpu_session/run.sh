@@ -1,0 +1,37 @@
+#!/bin/bash
+# One session on a lent GPU machine, every phase time-boxed, everything written to $OUT:
+#   bash tools/gpu_session/run.sh      (after tools/gpu_session/prepare.sh here; carry .whl .gpu)
+# Phases (seconds, override by environment): GPUTEST=90 `make gpu-test`'s tests with the
+# image's python3; SWEEP=240 benchmarks/sweep.py over the 8 paper programs (top structure by
+# the estimate + the hand-written one, SECONDS_PER=24 each); PEERS=200 benchmarks/peers.py with
+# our column from the sweep; LAUNCH=40 benchmarks/launch_overhead.py.  ~10 minutes in all: set
+# a phase to 0 to skip it.  Files: gputest.log, sweep_*.jsonl.gz, sweep.log, peers.json,
+# peers.log, launch.txt, env.txt.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+commit=$(cat .gpu/commit 2>/dev/null || echo unknown)
+[ -n "${SKIP_WHEELS:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "run: the carried wheels did not install (tools/gpu_session/prepare.sh, carry .whl)"; exit 2; }
+export PYTHONPATH=/tmp/site:$PWD
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c "import torch, triton, cupy, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__, 'numpy', numpy.__version__)"
+  echo "commit $commit"; } 2>&1 | tee "$OUT/env.txt"
+phase() {  # phase LIMIT NAME COMMAND...: run COMMAND for at most LIMIT seconds (0: skip it)
+  local limit=$1 name=$2; shift 2
+  [ "$limit" -gt 0 ] 2>/dev/null || { echo "run: $name skipped"; return 0; }
+  timeout "$limit" "$@"; [ $? -eq 124 ] && echo "run: $name stopped at its $limit s"; return 0; }
+P="rmsnorm_matmul gated_mlp lora gqa qknorm_gqa mha mqa ntrans"
+phase "${GPUTEST:-90}" gpu-test python3 -m pytest -p no:cacheprovider -m gpu -rs -s -q tests/kernels/test_gpu.py > "$OUT/gputest.log" 2>&1
+tail -3 "$OUT/gputest.log"
+SWEEPFILE="$OUT/sweep_${commit}.jsonl"
+phase "${SWEEP:-240}" sweep python3 benchmarks/sweep.py --device cuda --structures .gpu/structures --only $P --top 1 \
+  --with-handwritten --seconds "${SECONDS_PER:-24}" --out "$SWEEPFILE" > "$OUT/sweep.log" 2>&1
+grep '^# ' "$OUT/sweep.log"; grep -A3 Traceback "$OUT/sweep.log" | tail -4
+if [ -s "$SWEEPFILE" ]; then
+  phase "${PEERS:-200}" peers python3 benchmarks/peers.py --device cuda --sweep "$SWEEPFILE" --rounds 3 --json > "$OUT/peers.json" 2> "$OUT/peers.log"
+  grep '^# ' "$OUT/peers.log" | grep -v compiled
+  gzip -f "$SWEEPFILE"
+fi
+[ -f benchmarks/launch_overhead.py ] && phase "${LAUNCH:-40}" launch python3 benchmarks/launch_overhead.py 2>&1 | tee "$OUT/launch.txt"
+echo "run: done"
