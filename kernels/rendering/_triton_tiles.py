@@ -3,7 +3,11 @@
 ``TileMath`` prints a plan's ``matmul`` and ``reduce`` lets as tile operations: ``tl.dot`` on
 operands as stored (float16 / bfloat16 tiles straight from memory meet a computed tile in their
 dtype when it is known to lie in the half range), a 3-D ``tl.dot`` over a block's batch dims, a
-broadcast product where a dim is 1 or B differs per row in a way no dot covers.  The dialect
+broadcast product where a dim is 1 or B differs per row in a way no dot covers.  No tile is
+ever summed over an axis of size 1: a matmul with k = 1 (a for-loop step of 1 walking
+attention's keys) is the outer product itself, a reduction over one element that element (on
+an H100, Triton 3.6 miscompiled ``tl.sum(a[:, :, None] * b[None, :, :], axis=1)`` of a
+(256, 1, 16) product: gqa's E·V at F = 4096 came out wrong in every element).  The dialect
 (``_triton.py``) mixes it in and supplies the loop state it reads (``_li``, ``_lp``, ``_k``,
 ``_plan``, ``_views``, ``_tiles``, ``_unbounded``).
 """
@@ -101,6 +105,15 @@ class TileMath:
                 raise TritonUnsupported(f"{self._k.name}: batched matmul of a register tile "
                                         f"in a loop over {lp.shape}")
             a, _ = self._operand(a_acc, "a", k)
+            if k == 1:  # one term: the product itself, no sum over an axis of size 1
+                off = " + ".join(x for x in (self._rowoff(b_acc), _mul(f"{p}c", b_acc.col)
+                                              if b_acc.col else "") if x)
+                if off:
+                    mask = f"{p}m" if b_acc.col else f"{p}rm"
+                    return [f"{st.var}_a = ({a}).to(tl.float32)",
+                            f"{st.var} = {st.var}_a * tl.load({b_acc.view} + {off}, "
+                            f"mask={mask}, other=0.0).to(tl.float32)"
+                            f"  # {st.comment} (per-row B, k = 1: a broadcast product)"]
             kk = f"tl.arange(0, {pad(k)})[None, :, None]"
             cc = f"tl.arange(0, {pad(lp.cols)})[None, None, :]"
             off = " + ".join(x for x in (self._rowoff(b_acc, axis3=True), _mul(kk, b_acc.red),
@@ -115,6 +128,12 @@ class TileMath:
         a, a_native = self._operand(a_acc, "a", k)
         b, b_native = self._operand(b_acc, "b", k)
         lines = [f"{st.var}_a = {a}", f"{st.var}_b = {b}"]
+        if small and k == 1:
+            # an outer product (rows x 1 times 1 x columns): summing a (rows, 1, columns)
+            # product over its axis of size 1 is what Triton 3.6 miscompiled on the H100
+            lines.append(f"{st.var} = {st.var}_a.to(tl.float32) * {st.var}_b.to(tl.float32)"
+                         "  # k = 1: an outer product, no tl.dot")
+            return lines
         if small:
             lines.append(f"{st.var} = tl.sum({st.var}_a.to(tl.float32)[:, :, None] * "
                          f"{st.var}_b.to(tl.float32)[None, :, :], axis=1)"
@@ -185,6 +204,12 @@ class TileMath:
         n = int(st.attrs["n"])
         p = f"L{self._li}_"
         q = f"tl.arange(0, {pad(n)})[None, None, :]"
+        if n == 1:  # one element: itself, no sum over an axis of size 1
+            off = " + ".join(x for x in (self._rowoff(acc), f"{p}c * {acc.col}" if acc.col
+                                          else "") if x)
+            if off:
+                return [f"{st.var} = tl.load({acc.view} + {off}, mask={p}m, "
+                        "other=0.0).to(tl.float32)  # a reduction over one element"]
         row3 = self._rowoff(acc, axis3=True)
         terms = [x for x in (row3, f"{p}c[:, :, None] * {acc.col}" if acc.col else "",
                              _mul(q, acc.red)) if x]

@@ -269,3 +269,54 @@ def test_triton_tiles_that_overflow_shared_memory_are_refused_before_a_trial():
     for name, config in TRITON_PAPER_CONFIGS.items():
         paper = handwritten(load_program(name))
         assert legal(paper, {**config, "triton": 1, "stages": 4}, "H100") is None, name
+
+
+def _searched_attention(program):
+    """The gqa form a search found (structure 1c95b78b): each block holds all of Q's rows and
+    a slice of V's columns, the for-loop walks K / V."""
+    from search import BlockGraph, KernelGraph
+
+    g = KernelGraph()
+    q_, k_, v_ = (g.new_input(program.inputs[n], program.dtype, n) for n in "QKV")
+    bg = BlockGraph(("g0", "g1"), "F")
+    q = bg.new_input(q_, imap=(0, -1), fmap=-1)
+    k = bg.new_input(k_, imap=(0, -1), fmap=2)
+    v = bg.new_input(v_, imap=(0, 2), fmap=1)
+    e = bg.exp(bg.matmul(q, k))
+    num = bg.forloop_accum(bg.matmul(e, v))
+    den = bg.forloop_accum(e, "sum")
+    bg.new_output(bg.div(num, den), omap=(0, 2))
+    for out in g.graph_kernel(bg):
+        g.mark_output(out)
+    return g
+
+
+@pytest.mark.parametrize("form", ["searched", "handwritten"])
+def test_a_for_loop_step_of_one_multiplies_e_by_v_as_an_outer_product(form, interp, worker):
+    """With F = the key length each iteration's E·V is a (rows x 1) @ (1 x columns) matmul.
+    On an H100 Triton 3.6 miscompiled its broadcast form, tl.sum over the (rows, 1, columns)
+    product's axis of size 1: gqa's searched structure at F = 4096 gave wrong_result (15425 of
+    32768 elements), and the outer product alone fixed it (the interpreter computes both
+    right).  The dialect prints the outer product, and no tile is summed over an axis of 1."""
+    program = load_program("gqa", {"Q": (2, 32, 16), "K": (2, 16, 32), "V": (2, 32, 16)})
+    structure = (_searched_attention if form == "searched" else handwritten)(program)
+    config = {"F": 32, "g0": 2, "g1": 2, "stages": 3}
+    res = interp.build(structure, config, reference=program.build(), name="step1",
+                       worker=worker)
+    assert res.status == "ok", res.message
+    assert "k = 1: an outer product" in res.source
+    assert not _sums_over_k_of_one(res.source), _sums_over_k_of_one(res.source)
+    # the searched structure at the shapes and config that failed on the H100
+    paper = _searched_attention(load_program("gqa"))
+    source = render(lower(paper, {"F": 4096, "g0": 2, "g1": 4, "triton": 1, "stages": 3,
+                                  "lanes": 1, "block": 128, "smem_kb": 48}, "H100", "gqa"))
+    assert "k = 1: an outer product" in source
+
+
+def _sums_over_k_of_one(source: str) -> list[str]:
+    """The lines that sum a matmul whose A operand is a column (k = 1) over an axis."""
+    out = []
+    for a in re.finditer(r"(v_t\d+)_a = .*", source):
+        if "tl.arange(0, 1)[None, :]" in a.group(0):
+            out += [ln for ln in re.findall(rf"{a.group(1)} = .*", source) if "tl.sum(" in ln]
+    return out
