@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo tour test gpu-test lint bench clean
+.PHONY: demo tour test gpu-test gpu-prepare lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: $(STAMP)
 
 # The cuda device on this machine's GPU: every test marked gpu (they skip, saying why, where
 # no GPU or no CuPy is usable), with each program's fused vs op-by-op CuPy times printed.
+# What a short session on a lent GPU machine needs, made here (docs/devices.md, "Running on
+# a lent GPU"); there: bash tools/gpu_session/run.sh
+gpu-prepare: $(STAMP)
+	PY=$(BIN)/python bash tools/gpu_session/prepare.sh
+
 gpu-test: $(STAMP)
 	$(BIN)/python -m pytest -m gpu -rs -s tests/kernels/test_gpu.py
 

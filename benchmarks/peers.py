@@ -349,7 +349,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
     except ImportError:
         pass
-    rows = run(args)
+    from kernels import DeviceUnavailable
+
+    try:
+        rows = run(args)
+    except DeviceUnavailable as err:
+        print(f"peers.py: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 0
 

@@ -183,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="sweep the hand-written structure too, after the --top ones")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from kernels import DeviceUnavailable, get_device
+
+    try:
+        get_device(args.device)
+    except DeviceUnavailable as err:
+        print(f"sweep.py: {err}", file=sys.stderr)
+        return 2
     with open(args.out, "w") as out:
         sweep(args, out)
     return 0
