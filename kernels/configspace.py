@@ -165,6 +165,8 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         # split-K where some binding of every for-loop range is divisible (check: each one)
         ranges = [params.get(f, ()) if isinstance(f, str) else (int(f),) for f in forloops]
         splitk = [s for s in SPLITK if all(any(r % s == 0 for r in rs) for rs in ranges)]
+        if len(splitk) > 1 and _splitk_refused(structure, params, splitk[1], spec):
+            splitk = [1]  # the loop carries more than sums (attention's running max)
         if len(splitk) > 1:
             params["splitk"] = tuple(splitk)
             default = {**default, "splitk": 1}
@@ -193,6 +195,20 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
             space.alternate_first = estimate(structure, alternate, spec).seconds < \
                 estimate(structure, chosen, spec).seconds
     return space
+
+
+def _splitk_refused(structure: KernelGraph, params: Mapping[str, tuple[int, ...]], s: int,
+                    spec: DeviceSpec) -> bool:
+    """Whether lowering refuses split-K for what the structure's loops carry (not for one
+    binding): one probe, grid symbols at 1 and each for-loop at a range ``s`` divides."""
+    probe = {sym: next((v for v in params[sym] if v % s == 0), 1)
+             if any(bg.forloop_range == sym for bg in structure.block_graphs()) else 1
+             for sym in structure.symbols()}
+    try:
+        lower(structure, {**probe, "triton": 1, "splitk": s}, spec, "probe")
+    except (ShapeError, ValueError) as err:
+        return "cannot split" in str(err)
+    return False
 
 
 def _schedule_knobs(structure: KernelGraph, default: Mapping[str, int], spec: DeviceSpec,

@@ -434,6 +434,8 @@ def test_the_gpu_config_space_offers_split_k_and_the_estimate_fills_the_gpu_with
     assert space.params["splitk"] == (1, 2, 4, 8, 16) and space.default["splitk"] == 1
     assert "splitk" not in config_space(structure, "cpu").params
     assert "splitk" not in config_space(handwritten(load_program("ntrans")), "H100").params
+    # attention's loop carries a running max: lowering refuses every split, so none is offered
+    assert "splitk" not in config_space(handwritten(load_program("gqa")), "H100").params
     triton_ = {**space.default, "g0": 96, "F": 32, "triton": 1}
     assert space.check({**triton_, "splitk": 4}) is None
     assert "needs triton=1" in space.check({**triton_, "triton": 0, "splitk": 4})
@@ -447,3 +449,25 @@ def test_the_gpu_config_space_offers_split_k_and_the_estimate_fills_the_gpu_with
     assert fills[0] < fills[1] <= fills[2], fills  # 96 blocks of 132 SMs, then 192, 384
     assert [e.launches for e in ests] == [1, 2, 2]
     assert ests[0].bytes_moved < ests[1].bytes_moved < ests[2].bytes_moved  # the partials
+
+
+def test_split_k_of_an_output_accumulated_in_place(interp, worker):
+    """A float32 output that is the loop's accumulator itself (no Regional tile): its partial
+    sums go through the workspace too, and the epilogue stores them."""
+    from search import BlockGraph, KernelGraph
+
+    program = parse_program("name: mm\ndtype: float32\ninputs:\n  X: [4, 64]\n  W: [64, 64]\n"
+                            "body: |\n  O = matmul(X, W)\noutputs: [O]\n", "<mm>")
+    g = KernelGraph()
+    x_, w_ = (g.new_input(program.inputs[n], program.dtype, n) for n in "XW")
+    bg = BlockGraph(("g0",), "F")
+    x = bg.new_input(x_, imap=(-1,), fmap=1)
+    w = bg.new_input(w_, imap=(1,), fmap=0)
+    bg.new_output(bg.forloop_accum(bg.matmul(x, w)), omap=(1,))
+    for out in g.graph_kernel(bg):
+        g.mark_output(out)
+    plan = interp.lower(g, {"g0": 2, "F": 4, "splitk": 4}, "mm")
+    [slot] = [b for b in plan.kernels[0].buffers.values() if b.role == "splitk"]
+    assert slot.carries.startswith("out_")  # the output's view, not a register tile
+    res = interp.check(plan, program.build(), source=render(plan) + TWICE, worker=worker)
+    assert res.status == "ok", res.message
