@@ -11,8 +11,9 @@ tiles the compiler places; Global ones stay pointers.  Nothing is decided here: 
 shapes, the for-loop step and the launch options (``num_warps`` from the plan's threads,
 ``num_stages`` from its ``stages`` knob) are the plan's.
 
-The module printed defines one kernel per plan kernel and ``launch(inputs, outputs, ws)``,
-which runs them in order; any tensors Triton accepts (torch tensors, or objects with
+The module printed defines one kernel per plan kernel (two for a split-K kernel: its
+``partial`` programs and its ``epilogue``, ``Kernel.programs``) and ``launch(inputs, outputs,
+ws)``, which runs them in order; any tensors Triton accepts (torch tensors, or objects with
 ``data_ptr()`` and ``dtype``) serve as arguments, float32 ``ws`` holding the plan's workspace.
 Plans this form cannot express (grid barriers, task splitting across blocks) raise
 ``TritonUnsupported`` with the reason; the device then keeps the CUDA-C dialect.
