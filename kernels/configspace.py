@@ -21,6 +21,7 @@ from kernels.hardware import DeviceSpec, roofline
 from kernels.lowering import (
     STREAM_ROW_MAX,
     STREAM_ROW_MIN,
+    Kernel,
     KernelPlan,
     Level,
     default_config,
@@ -44,6 +45,9 @@ GPU_BLOCKS = (64, 128, 256, 512, 1024)
 CUDA_C_MATMUL_SLOWDOWN = 20.0
 TRITON_STAGES = (2, 3, 4)  # software-pipelining depths offered to the Triton dialect
 TRITON_TILES = (16, 32, 64, 128, 256)  # tile extents a GPU space always offers
+# split-K (the Triton dialect): programs per virtual block sharing its for-loop; not yet
+# measured on a GPU (docs/devices.md, "The Triton dialect")
+SPLITK = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class ConfigSpace:
     # fill the SMs), tried right after ``default``; see ``tuner.pipeline.tune.warm_start``
     alternates: list[dict[str, int]] = field(default_factory=list)
     alternate_first: bool = False
+    # the for-loop range of every graph-defined kernel (a symbol or a size): ``splitk``
+    # must divide each
+    forloops: tuple[str | int, ...] = ()
 
     def check(self, config: Mapping[str, int]) -> str | None:
         """None when ``config`` is legal, else why not (divisibility or knob rules)."""
@@ -82,6 +89,12 @@ class ConfigSpace:
             return f"split={split} must divide the row length {self.row_len}"
         if split > 1 and int(config.get("triton", 0)):
             return "triton=1 cannot split rows across blocks (split > 1)"
+        splitk = int(config.get("splitk", 1))
+        if splitk > 1 and not int(config.get("triton", 0)):
+            return f"splitk={splitk} needs triton=1 (split-K is printed by the Triton dialect)"
+        for f in self.forloops if splitk > 1 else ():
+            if int(config.get(f, 0) if isinstance(f, str) else f) % splitk:
+                return f"splitk={splitk} must divide the for-loop range {f}"
         block, lanes = config.get("block"), config.get("lanes")
         if block is not None and lanes is not None and int(block) % int(lanes):
             return f"lanes={lanes} must divide block={block}"
@@ -148,8 +161,18 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         # CUDA C (AStitch's thread mapping, grid barriers); the tuner measures both
         params["triton"], params["stages"] = (0, 1), TRITON_STAGES
         default = {**default, "triton": 0, "stages": 3}
+    forloops = tuple(bg.forloop_range for bg in bgs)
+    if spec.kind != "cpu" and bgs and all(f != 1 for f in forloops):
+        # split-K where some binding of every for-loop range is divisible (check: each one)
+        ranges = [params.get(f, ()) if isinstance(f, str) else (int(f),) for f in forloops]
+        splitk = [s for s in SPLITK if all(any(r % s == 0 for r in rs) for rs in ranges)]
+        if len(splitk) > 1 and _splitk_refused(structure, params, splitk[1], spec):
+            splitk = [1]  # the loop carries more than sums (attention's running max)
+        if len(splitk) > 1:
+            params["splitk"] = tuple(splitk)
+            default = {**default, "splitk": 1}
     knobs = {k: default[k] for k in ("split", "block", "lanes", "smem_kb", "tile_rows",
-                                     "stream", "triton", "stages")
+                                     "stream", "triton", "stages", "splitk")
              if k in params and k in default}
     chosen = {k: v for k, v in default.items() if k in structure.symbols()} | knobs
     if "lanes" in params and "lanes" not in chosen:
@@ -159,7 +182,7 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         lanes = lower(structure, chosen, spec, "lanes").kernels[0].mapping.lanes
         params["lanes"] = tuple(sorted({*params["lanes"], lanes}))
         chosen["lanes"] = lanes
-    space = ConfigSpace(params, chosen, constraints, row_len)
+    space = ConfigSpace(params, chosen, constraints, row_len, forloops=forloops)
     if spec.kind != "cpu" and bgs:
         try:
             rule = triton_default_config(structure, spec)
@@ -173,6 +196,20 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
             space.alternate_first = estimate(structure, alternate, spec).seconds < \
                 estimate(structure, chosen, spec).seconds
     return space
+
+
+def _splitk_refused(structure: KernelGraph, params: Mapping[str, tuple[int, ...]], s: int,
+                    spec: DeviceSpec) -> bool:
+    """Whether lowering refuses split-K for what the structure's loops carry (not for one
+    binding): one probe, grid symbols at 1 and each for-loop at a range ``s`` divides."""
+    probe = {sym: next((v for v in params[sym] if v % s == 0), 1)
+             if any(bg.forloop_range == sym for bg in structure.block_graphs()) else 1
+             for sym in structure.symbols()}
+    try:
+        lower(structure, {**probe, "triton": 1, "splitk": s}, spec, "probe")
+    except (ShapeError, ValueError) as err:
+        return "cannot split" in str(err)
+    return False
 
 
 def _schedule_knobs(structure: KernelGraph, default: Mapping[str, int], spec: DeviceSpec,
@@ -228,7 +265,16 @@ def estimate(structure: KernelGraph, config: Mapping[str, int] | None,
                             if k in structure.symbols()}) if structure.symbols() else structure
     share = _fill(plan, spec)
     moved = flops = 0
-    seconds = len(plan.kernels) * spec.launch_overhead_s
+    # split-K: one more launch (the epilogue) and the workspace partials, written by each of
+    # the ``splitk`` programs (atomic adds), read once and zeroed once by the epilogue
+    launches = sum(len(k.programs) for k in plan.kernels)
+    partials: dict[int, int] = {}
+    for k in plan.kernels:
+        if k.splitk > 1:
+            slots = sum(b.nbytes for b in k.buffers.values() if b.role == "splitk")
+            op = _op_index(k)
+            partials[op] = partials.get(op, 0) + slots * k.vblocks * (k.splitk + 2)
+    seconds = launches * spec.launch_overhead_s
     # a GPU stores the program's dtype (the C++ dialect float32); the Triton dialect's tl.dot
     # on float16 / bfloat16 tiles runs on the tensor cores
     width = DTYPE_BYTES.get(plan.dtype, 4) if spec.kind != "cpu" else 4
@@ -237,19 +283,26 @@ def estimate(structure: KernelGraph, config: Mapping[str, int] | None,
     slow = CUDA_C_MATMUL_SLOWDOWN if spec.kind != "cpu" and plan.dialect != "triton" else 1.0
     for i, op in enumerate(op for op in bound.ops if op.kind not in ("input", "output")):
         b, f, mm = _op_traffic(bound, op, width)
+        b += partials.get(i, 0)
         moved, flops = moved + b, flops + f
         charged = f + (slow - 1.0) * mm
         seconds += roofline(b, charged, 0, spec, tensor_cores=tensor) / share.get(i, 1.0)
-    return Estimate(moved, flops, len(plan.kernels), seconds)
+    return Estimate(moved, flops, launches, seconds)
+
+
+def _op_index(k: Kernel) -> int:
+    """The kernel-graph op a kernel was lowered from (its name: ``<plan>_k<op>[_p<phase>]``)."""
+    return int(k.name.rsplit("_k", 1)[1].split("_")[0])
 
 
 def _fill(plan: KernelPlan, spec: DeviceSpec) -> dict[int, float]:
     """Per kernel-graph op, the share of the device its kernels' blocks can keep busy (the
-    smallest over its kernels: a phase split into kernels runs one after the other)."""
+    smallest over its kernels: a phase split into kernels runs one after the other); a
+    split-K kernel's for-loop runs on ``splitk`` programs per block."""
     out: dict[int, float] = {}
     for k in plan.kernels:
-        op = int(k.name.rsplit("_k", 1)[1].split("_")[0])
-        share = min(1.0, k.blocks / spec.sm_count)
+        op = _op_index(k)
+        share = min(1.0, k.blocks * k.splitk / spec.sm_count)
         out[op] = min(out.get(op, 1.0), share)
     return out
 

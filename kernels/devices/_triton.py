@@ -255,8 +255,8 @@ TT_POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
 def compile_plan(plan: KernelPlan, source: str, capability: int) -> dict[str, Any]:
     """Every kernel of the plan compiled for ``sm_<capability>`` (90: Hopper, 80: Ampere)
     without a GPU: ``triton.compile`` with the target named.  Pointers are declared 16-byte
-    aligned, as Triton specialises them at a launch on CUDA allocations.  Returns name ->
-    the compiled kernel (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata``)."""
+    aligned, as Triton specialises them at a launch on CUDA allocations.  Returns program
+    name (``Kernel.programs``: two for a split-K kernel) -> the compiled kernel (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -267,13 +267,14 @@ def compile_plan(plan: KernelPlan, source: str, capability: int) -> dict[str, An
         dtypes = [plan.globals[p].dtype for p in k.params] + ["float32"]
         signature = {n: TT_POINTER[d] for n, d in zip(names, dtypes, strict=True)}
         attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(names))}
-        fn = getattr(module, k.name)
-        src = triton.compiler.ASTSource(fn=fn, signature=signature, attrs=attrs)
         options = {"num_warps": max(1, k.mapping.threads // 32)}
         if plan.config.get("stages"):
             options["num_stages"] = int(plan.config["stages"])
-        out[k.name] = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                                     options=options)
+        for program in k.programs:  # a split-K kernel: its partial and epilogue programs
+            src = triton.compiler.ASTSource(fn=getattr(module, program), signature=signature,
+                                            attrs=attrs)
+            out[program] = triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                                          options=options)
     return out
 
 

@@ -34,9 +34,10 @@ from ._plan import pad
 # Config keys that are not structure symbols.  smem_kb: the shared-memory budget of a block in
 # KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.
 # triton: 1 prints the plan in the Triton dialect (GPU only), stages its software-pipelining
-# depth (Triton's num_stages).
+# depth (Triton's num_stages), splitk the programs per virtual block that share its for-loop
+# (split-K, Triton only: ``_lower._split_k``).
 KNOBS = ("block", "lanes", "split", "vpack", "smem_kb", "tile_rows", "stream", "triton",
-         "stages")
+         "stages", "splitk")
 ZERO_OK = ("smem_kb", "tile_rows", "stream", "triton")  # knobs for which 0 means "none" / "off"
 SWITCHES = ("stream", "triton")  # knobs that are 0 or 1
 LONG_ROW = 1024  # AStitch: rows longer than this are worth splitting across blocks

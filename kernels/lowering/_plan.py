@@ -35,7 +35,7 @@ class Buffer:
     name: str
     shape: tuple[int, ...]
     level: Level
-    role: str  # input | output | tensor | tile | accum | partial | scratch
+    role: str  # input | output | tensor | tile | accum | partial | scratch | splitk
     dtype: str = "float32"  # storage dtype; everything but program inputs/outputs is float32
     offset: int = 0  # regional: bytes into shared memory; workspace: floats into it
     per_item: int = 0  # workspace scratch: floats per work item (or per virtual block)
@@ -47,6 +47,9 @@ class Buffer:
     # program inputs: "transposed" when memory holds the contiguous transpose of the last two
     # dims of ``shape`` (which stays the logical shape); read through ``strides``, no copy
     layout: str = "row"
+    # split-K partials (role "splitk"): the register tile, or the accumulated output's view,
+    # whose per-program partial sums this workspace slot (one per virtual block) gathers
+    carries: str = ""
 
     @property
     def stored_shape(self) -> tuple[int, ...]:
@@ -220,6 +223,17 @@ class Kernel:
     smem_bytes: int = 0
     notes: list[str] = field(default_factory=list)
     parallel: bool = True  # worth forking threads for (cpu; ``_schedule``)
+    # split-K (the Triton dialect only): programs per virtual block, each running 1/splitk of
+    # the for-loop and adding its accumulators into the workspace (``splitk`` buffers); an
+    # epilogue launch per virtual block then finishes the kernel (``programs``)
+    splitk: int = 1
+
+    @property
+    def programs(self) -> list[str]:
+        """The names of the device programs this kernel launches, in order."""
+        if self.splitk > 1:
+            return [f"{self.name}_partial", f"{self.name}_epilogue"]
+        return [self.name]
 
     @property
     def vblocks(self) -> int:
@@ -272,7 +286,8 @@ class KernelPlan:
             lines.append(f"  {k.name}: grid {k.grid} F={k.forloop} -> {k.blocks} blocks x "
                          f"{m.threads} threads ({m.scheme}: lanes {m.lanes}, split {m.split}, "
                          f"vpack {m.vpack}), {len(k.phases)} phase(s), barrier {k.barrier}, "
-                         f"smem {k.smem_bytes} B")
+                         f"smem {k.smem_bytes} B"
+                         + (f", split-K {k.splitk}" if k.splitk > 1 else ""))
             for b in k.buffers.values():
                 where = f"@{b.offset}" if b.level is Level.REGIONAL else f"ws+{b.offset}"
                 lines.append(f"    {b.name} {b.shape} {b.role} {b.level.value} {where} {b.doc}")

@@ -11,8 +11,9 @@ tiles the compiler places; Global ones stay pointers.  Nothing is decided here: 
 shapes, the for-loop step and the launch options (``num_warps`` from the plan's threads,
 ``num_stages`` from its ``stages`` knob) are the plan's.
 
-The module printed defines one kernel per plan kernel and ``launch(inputs, outputs, ws)``,
-which runs them in order; any tensors Triton accepts (torch tensors, or objects with
+The module printed defines one kernel per plan kernel (two for a split-K kernel: its
+``partial`` programs and its ``epilogue``, ``Kernel.programs``) and ``launch(inputs, outputs,
+ws)``, which runs them in order; any tensors Triton accepts (torch tensors, or objects with
 ``data_ptr()`` and ``dtype``) serve as arguments, float32 ``ws`` holding the plan's workspace.
 Plans this form cannot express (grid barriers, task splitting across blocks) raise
 ``TritonUnsupported`` with the reason; the device then keeps the CUDA-C dialect.
@@ -79,7 +80,10 @@ class TritonDialect(TileMath):
             # a kernel between two others may take no program tensor, only the workspace
             args = ", ".join([*(_param_arg(plan.globals[p]) for p in k.params), "ws"])
             warps = max(1, k.mapping.threads // 32)
-            out.append(f"    {k.name}[({k.vblocks},)]({args}, num_warps={warps}{opts})")
+            grids = [f"({k.vblocks},)"] if k.splitk == 1 else \
+                [f"({k.vblocks}, {k.splitk})", f"({k.vblocks},)"]  # split-K: then its epilogue
+            for program, grid in zip(k.programs, grids, strict=True):
+                out.append(f"    {program}[{grid}]({args}, num_warps={warps}{opts})")
         return out + [""]
 
     # ---------------------------------------------------------------- one kernel
@@ -91,14 +95,32 @@ class TritonDialect(TileMath):
         self._k, self._plan = k, plan
         self._tiles = {n: _Tile(b) for n, b in k.buffers.items() if b.level is Level.REGIONAL}
         self._views = {v.name: v for v in k.views}
-        loops = k.phases[0].loops if k.phases else []
         head = [f"# {k.name}: {k.comment}",
                 f"#   grid {k.grid}, for-loop {k.forloop}: one program per virtual block, "
                 f"{k.mapping.threads // 32 or 1} warp(s)"]
         head += [f"#   {b.name} {b.shape}: {b.level.value} {b.role} - {b.doc}"
                  for b in k.buffers.values()]
-        params = [plan.globals[p].name for p in k.params] + ["ws"]
+        sig = f"({', '.join([plan.globals[p].name for p in k.params] + ['ws'])}):"
+        if k.splitk == 1:
+            return head + ["@triton.jit", f"def {k.name}{sig}", *_indent(self._program())]
+        part, epilogue = k.programs
+        head.append(f"#   split-K {k.splitk}: {part} runs 1/{k.splitk} of the for-loop per "
+                    f"program and adds its accumulators into the workspace; {epilogue} "
+                    "finishes each virtual block")
+        return head + ["@triton.jit", f"def {part}{sig}", *_indent(self._program("partial")),
+                       "", "@triton.jit", f"def {epilogue}{sig}",
+                       *_indent(self._program("epilogue"))]
+
+    def _program(self, part: str = "") -> list[str]:
+        """One program's body: the whole kernel, or (split-K) its ``partial`` part (the loop
+        before it and a slice of the for-loop, accumulators added into the workspace) or its
+        ``epilogue`` (the part before the loop again, the summed accumulators read back from
+        the workspace and zeroed, the part after the loop)."""
+        k = self._k
+        loops = k.phases[0].loops if k.phases else []
         body = ["vb = tl.program_id(0)"]
+        if part == "partial":
+            body.append("ks = tl.program_id(1)  # which slice of the for-loop (split-K)")
         g0, g1, _ = k.grid
         decode = {0: f"vb % {g0}", 1: f"(vb // {g0}) % {g1}", 2: f"vb // {g0 * g1}"}
         pointers = [v for v in k.views if v.buffer not in self._tiles and v.name in
@@ -116,19 +138,59 @@ class TritonDialect(TileMath):
         for lp in stages["pre"]:
             body += self.loop(lp, index[id(lp)], in_body=False)
         if stages["body"]:
-            body += self._carried(stages["body"])
-            inner = [self._view_decl(v.name) for v in pointers if v.iter]
-            for lp in stages["body"]:
-                inner += self.loop(lp, index[id(lp)], in_body=True)
-            body += [f"for it in range({k.forloop}):", *_indent(inner)]
+            init = self._carried(stages["body"])
+            if part == "epilogue":
+                body += self._gather()
+            else:
+                inner = [self._view_decl(v.name) for v in pointers if v.iter]
+                for lp in stages["body"]:
+                    inner += self.loop(lp, index[id(lp)], in_body=True)
+                steps = f"{k.forloop}"
+                if part == "partial":
+                    n = k.forloop // k.splitk
+                    steps = f"ks * {n}, ks * {n} + {n}"
+                body += [*init, f"for it in range({steps}):", *_indent(inner)]
+            if part == "partial":
+                return body + self._scatter()
             for var, (li, st) in self._accs.items():
                 lp = loops[li]
                 body += [f"# {st.comment or 'accumulated output'}: stored once after the loop",
                          *self._index_lines(lp, li), *self._store_global(st, var, lp, li)]
         for lp in stages["post"]:
             body += self.loop(lp, index[id(lp)], in_body=False)
-        sig = f"def {k.name}({', '.join(params)}):"
-        return head + ["@triton.jit", sig, *_indent(body)]
+        return body
+
+    def _slots(self) -> list[tuple[str, Buffer, list[str], str]]:
+        """Split-K: per workspace slot, (the accumulator variable it holds, the slot, the
+        lines of its pointer tile ``p``, its mask): one float32 tile per virtual block."""
+        out = []
+        for b in self._k.buffers.values():
+            if b.role != "splitk":
+                continue
+            var = b.carries if b.carries in self._tiles else f"acc_{b.carries}"
+            rows, cols = b.shape
+            p = f"{b.name}_"
+            lines = [f"{p}r = tl.arange(0, {pad(rows)})[:, None]",
+                     f"{p}c = tl.arange(0, {pad(cols)})[None, :]",
+                     f"{p}p = ws + {b.offset} + vb * {b.per_item} + {_mul(p + 'r', cols)} + "
+                     f"{p}c"]
+            out.append((var, b, lines, f"({p}r < {rows}) & ({p}c < {cols})"))
+        return out
+
+    def _scatter(self) -> list[str]:
+        out = ["# split-K: this program's partial sums into the workspace"]
+        for var, b, lines, mask in self._slots():
+            out += [*lines, f"tl.atomic_add({b.name}_p, {var}, mask={mask}, sem=\"relaxed\")"]
+        return out
+
+    def _gather(self) -> list[str]:
+        out = ["# split-K: the summed accumulators, and their slots zeroed for the next call"]
+        for var, b, lines, mask in self._slots():
+            rows, cols = b.shape
+            out += [*lines, f"{var} = tl.load({b.name}_p, mask={mask}, other=0.0)",
+                    f"tl.store({b.name}_p, tl.zeros([{pad(rows)}, {pad(cols)}], "
+                    f"dtype=tl.float32), mask={mask})"]
+        return out
 
     def _view_decl(self, name: str) -> str:
         v = self._views[name]

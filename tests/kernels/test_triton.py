@@ -320,3 +320,154 @@ def _sums_over_k_of_one(source: str) -> list[str]:
         if "tl.arange(0, 1)[None, :]" in a.group(0):
             out += [ln for ln in re.findall(rf"{a.group(1)} = .*", source) if "tl.sum(" in ln]
     return out
+
+
+# ---------------------------------------------------------------- split-K
+
+TWICE = '''
+
+_launch_once = launch
+
+
+def launch(inputs, outputs, ws):
+    """Two calls on one workspace: the second call's outputs are the ones checked, and the
+    workspace must be back to zero after each call."""
+    for call in range(2):
+        for o in outputs:
+            o.fill_(float("nan"))
+        _launch_once(inputs, outputs, ws)
+        assert float(ws.abs().max()) == 0.0, f"the workspace is not zero after call {call}"
+'''
+
+
+def _splitk_configs(structure) -> list[dict[str, int]]:
+    """The Triton default for the H100 with a for-loop of 4 steps (at dims capped at 64 the
+    default walks K in one step, which nothing can split), on its own grid and on 2 blocks."""
+    base = {**triton_default_config(structure, get_spec("H100")), "F": 4}
+    return [base, {**base, "g0": 2}]
+
+
+@pytest.mark.parametrize("splitk", [2, 4])
+@pytest.mark.parametrize("name", WEIGHT_BOUND)
+def test_split_k_weight_streams_match_the_program_on_two_calls_in_a_row(
+        name, splitk, interp, worker):
+    program = small_instance(load_program(name), 64)
+    structure = handwritten(program)
+    for config in _splitk_configs(structure):
+        config = {**config, "splitk": splitk}
+        plan = interp.lower(structure, config, f"sk_{name}")
+        k = plan.kernels[0]
+        assert k.splitk == splitk and k.programs == [f"{k.name}_partial", f"{k.name}_epilogue"]
+        slots = [b for b in k.buffers.values() if b.role == "splitk"]
+        assert slots and plan.workspace_floats >= sum(b.per_item * k.vblocks for b in slots)
+        source = render(plan)
+        assert f"{k.name}_partial[({k.vblocks}, {splitk})]" in source
+        assert "tl.atomic_add(" in source
+        res = interp.check(plan, program.build(), worker=worker)
+        assert res.status == "ok", (name, config, res.message)
+        # the same kernel object (one workspace) called twice: right both times, and the
+        # epilogue leaves the workspace zeroed for the next call
+        res = interp.check(plan, program.build(), source=source + TWICE, worker=worker)
+        assert res.status == "ok", (name, config, res.message)
+
+
+def test_the_two_call_check_catches_a_workspace_left_dirty(interp, worker):
+    program = small_instance(load_program("gated_mlp"), 64)
+    structure = handwritten(program)
+    plan = interp.lower(structure, {**_splitk_configs(structure)[1], "splitk": 2}, "dirty")
+    source = render(plan)
+    dirty = "\n".join(ln for ln in source.splitlines() if "tl.zeros" not in ln or
+                      "tl.store(" not in ln)  # the epilogue no longer zeroes its slots
+    assert dirty != source
+    res = interp.check(plan, program.build(), source=dirty + TWICE, worker=worker)
+    assert res.status != "ok" and "not zero" in res.message, res.message
+
+
+def test_split_k_is_refused_where_the_loop_state_is_not_a_sum():
+    gqa = handwritten(small_instance(load_program("gqa"), 64))
+    config = {"g0": 2, "g1": 2, "F": 4, "triton": 1}
+    assert legal(gqa, config, "H100") is None
+    why = legal(gqa, {**config, "splitk": 2}, "H100")
+    assert why is not None and "splitk=2 cannot split" in why and "running row max" in why, why
+    mm = handwritten(small_instance(load_program("rmsnorm_matmul"), 64))
+    base = {"g0": 2, "F": 4, "triton": 1}
+    assert legal(mm, {**base, "splitk": 4}, "H100") is None
+    assert "must divide the for-loop range 4" in legal(mm, {**base, "splitk": 8}, "H100")
+    assert "needs the Triton dialect" in legal(mm, {**base, "triton": 0, "splitk": 2}, "H100")
+    assert legal(mm, {**base, "splitk": 2}, "cpu") is not None
+    # the default stays one program per virtual block, no workspace for partials
+    plan = lower(mm, base, "H100")
+    assert plan.kernels[0].splitk == 1 and plan.workspace_floats == 0
+    assert "atomic_add" not in render(plan)
+
+
+def test_paper_shape_split_k_sass_adds_floats_atomically_with_wide_loads_and_no_spills():
+    program = load_program("rmsnorm_matmul")
+    plan = lower(handwritten(program), {**PAPER_CONFIGS["rmsnorm_matmul"], "triton": 1,
+                                        "stages": 3, "splitk": 4}, "H100", "rmsnorm_matmul")
+    k = plan.kernels[0]
+    assert k.splitk == 4 and k.forloop == 32
+    source = render(plan)
+    for capability in (90, 80):
+        compiled = compile_plan(plan, source, capability)
+        assert sorted(compiled) == sorted(k.programs)
+        for program_name, c in compiled.items():
+            text = sass(c.asm["cubin"])
+            where = f"sm_{capability} {program_name}"
+            assert not re.search(r"\b(STL|LDL)\b", text), f"{where}: spills to local memory"
+        part = sass(compiled[f"{k.name}_partial"].asm["cubin"])
+        where = f"sm_{capability} partial"
+        # sm_90: REDG.E.ADD.F32x4 / REDG.E.ADD.F32; sm_80: RED.E.ADD.F32
+        assert re.search(r"\b(RED|REDG|ATOM|ATOMG)\.E\.ADD\.F32", part), \
+            f"{where}: no float atomic add"
+        assert re.search(r"\bHMMA\b|\bHGMMA\b", part), f"{where}: no tensor-core instruction"
+        assert re.search(r"\bLDGSTS\S*\.128\b|\bLDG\S*\.128\b", part), \
+            f"{where}: the weights are not read with 128-bit loads"
+
+
+def test_the_gpu_config_space_offers_split_k_and_the_estimate_fills_the_gpu_with_it():
+    from kernels import config_space, estimate
+    from kernels.configspace import _fill
+
+    structure = handwritten(load_program("rmsnorm_matmul"))
+    space = config_space(structure, "H100")
+    assert space.params["splitk"] == (1, 2, 4, 8, 16) and space.default["splitk"] == 1
+    assert "splitk" not in config_space(structure, "cpu").params
+    assert "splitk" not in config_space(handwritten(load_program("ntrans")), "H100").params
+    # attention's loop carries a running max: lowering refuses every split, so none is offered
+    assert "splitk" not in config_space(handwritten(load_program("gqa")), "H100").params
+    triton_ = {**space.default, "g0": 96, "F": 32, "triton": 1}
+    assert space.check({**triton_, "splitk": 4}) is None
+    assert "needs triton=1" in space.check({**triton_, "triton": 0, "splitk": 4})
+    assert "must divide the for-loop range F" in space.check({**triton_, "F": 4, "splitk": 8})
+    spec = get_spec("H100")
+    fills, ests = [], []
+    for s in (1, 2, 4):
+        config = {**triton_, "splitk": s}
+        fills.append(_fill(lower(structure, config, spec), spec)[0])
+        ests.append(estimate(structure, config, spec))
+    assert fills[0] < fills[1] <= fills[2], fills  # 96 blocks of 132 SMs, then 192, 384
+    assert [e.launches for e in ests] == [1, 2, 2]
+    assert ests[0].bytes_moved < ests[1].bytes_moved < ests[2].bytes_moved  # the partials
+
+
+def test_split_k_of_an_output_accumulated_in_place(interp, worker):
+    """A float32 output that is the loop's accumulator itself (no Regional tile): its partial
+    sums go through the workspace too, and the epilogue stores them."""
+    from search import BlockGraph, KernelGraph
+
+    program = parse_program("name: mm\ndtype: float32\ninputs:\n  X: [4, 64]\n  W: [64, 64]\n"
+                            "body: |\n  O = matmul(X, W)\noutputs: [O]\n", "<mm>")
+    g = KernelGraph()
+    x_, w_ = (g.new_input(program.inputs[n], program.dtype, n) for n in "XW")
+    bg = BlockGraph(("g0",), "F")
+    x = bg.new_input(x_, imap=(-1,), fmap=1)
+    w = bg.new_input(w_, imap=(1,), fmap=0)
+    bg.new_output(bg.forloop_accum(bg.matmul(x, w)), omap=(1,))
+    for out in g.graph_kernel(bg):
+        g.mark_output(out)
+    plan = interp.lower(g, {"g0": 2, "F": 4, "splitk": 4}, "mm")
+    [slot] = [b for b in plan.kernels[0].buffers.values() if b.role == "splitk"]
+    assert slot.carries.startswith("out_")  # the output's view, not a register tile
+    res = interp.check(plan, program.build(), source=render(plan) + TWICE, worker=worker)
+    assert res.status == "ok", res.message
