@@ -33,8 +33,8 @@ import numpy as np
 from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
 from search.ir import MAX_RANK, OPS, KernelGraph
 
-FEATURE_VERSION = 6  # 6: the dialect a GPU plan is printed in (Triton or CUDA C) and its
-# pipelining stages, and the GPU estimate charging CUDA-C matmuls (both unseen before: on an
+FEATURE_VERSION = 6  # 6: the dialect a GPU plan is printed in (Triton or CUDA C), its
+# pipelining stages and split-K, and the GPU estimate charging CUDA-C matmuls (both unseen before: on an
 # H100 the same structure ran 1.07 ms in CUDA C and 0.064 ms in Triton); 5: the program's storage dtype, its elements through exp-family ops
 # and through divides / square roots; each kernel's loop schedule (register tiles, row-by-row matmuls,
 # streamed stores, prefetches, lane-tree sums, forks threads or not) and its load balance over
@@ -56,7 +56,7 @@ DTYPES = ("float32", "float16", "bfloat16")  # the program's storage dtype (one-
 # divide or square root: one "FLOP" each in _flops, tens of cycles each on a core
 EXP_OPS = frozenset({"exp", "sigmoid", "silu", "gelu", "tanh"})
 DIV_OPS = frozenset({"div", "sqrt", "rsqrt"})
-GRAPH_DIM = 8 + len(DTYPES) + 2 + DEVICE_DIM
+GRAPH_DIM = 8 + len(DTYPES) + 3 + DEVICE_DIM
 # where featurize puts what the work prior (_work) counts: node rows hold the memory level's
 # one-hot, then log2 bytes and log2 FLOPs; the graph vector log2 bytes moved, log2 FLOPs,
 # launches, ..., kernels, log2 exp-family and divide elements, then the dtype's one-hot
@@ -64,7 +64,7 @@ NODE_LEVEL = MAX_RANK + 1 + len(STAGES)
 NODE_BYTES, NODE_FLOPS = NODE_LEVEL + len(LEVELS), NODE_LEVEL + len(LEVELS) + 1
 GRAPH_BYTES, GRAPH_FLOPS, GRAPH_LAUNCHES, GRAPH_KERNELS = 0, 1, 2, 5
 GRAPH_EXP, GRAPH_DIV, GRAPH_DTYPE = 6, 7, 8
-GRAPH_DIALECT = GRAPH_DTYPE + len(DTYPES)  # 1 for a Triton plan, then log2 of its stages
+GRAPH_DIALECT = GRAPH_DTYPE + len(DTYPES)  # 1 for a Triton plan, log2 of its stages, of split-K
 
 
 @dataclass
@@ -212,6 +212,7 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
              *_one_hot(plan.dtype, DTYPES),
              float(plan.dialect == "triton"),
              _log2(float(plan.config.get("stages", 0))) if plan.dialect == "triton" else 0.0,
+             math.log2(max((k.splitk for k in plan.kernels), default=1)),
              *device_features(spec, known_device)]
     return Sample(group, program, device, np.asarray(opcodes, np.int64),
                   np.asarray(nodes, np.float32),
