@@ -9,6 +9,15 @@ under ``TRITON_INTERPRET=1``: every suite program's Triton kernel is checked on 
 through the same ``Device.check`` as the cpu and cuda devices, against the program's float
 reference with the tolerance of the dtype it stores.  It proves correctness, not speed: it
 does not time.
+
+On a GPU ``TritonKernel`` launches one of two ways (``launch=`` or ``$TUNER_TRITON_LAUNCH``):
+``jit`` (the default) calls the module's ``launch``, so every call goes through Triton's
+dispatch (``JITFunction.run``: argument binding, a specialisation of each argument, the cache
+key, launch hooks, and in the C launcher a ``data_ptr()`` call and a ``cuPointerGetAttribute``
+per pointer); ``direct`` does that once, keeps the ``CompiledKernel`` each ``kernel[grid](...)``
+returns and from then on calls its launcher (``CompiledKernel.run``, the same positional
+convention in Triton 3.6 and 3.9) with integer pointers.  ``direct`` is opt-in and unmeasured:
+``benchmarks/launch_overhead.py`` times both on a GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,6 +47,8 @@ from ._storage import from_storage, to_storage
 from ._worker import checked
 
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
+LAUNCH_ENV = "TUNER_TRITON_LAUNCH"
+LAUNCH_MODES = ("jit", "direct")
 
 
 def triton_available() -> tuple[bool, str]:
@@ -108,6 +120,57 @@ def _interpreter_bf16_dot() -> None:
     builder.create_dot = create_dot
 
 
+def launch_mode(mode: str | None = None) -> str:
+    """How ``TritonKernel`` launches on a GPU: ``mode``, else ``$TUNER_TRITON_LAUNCH``, else
+    ``"jit"`` (module docstring).  An unknown value raises ``ValueError`` naming the choices."""
+    raw = os.environ.get(LAUNCH_ENV, "") if mode is None else mode
+    value = raw.strip().lower() or "jit"
+    if value not in LAUNCH_MODES:
+        where = f"{LAUNCH_ENV}={raw!r}" if mode is None else f"launch={raw!r}"
+        raise ValueError(f"{where}: unknown Triton launch mode; use one of "
+                         f"{', '.join(LAUNCH_MODES)} (default jit)")
+    return value
+
+
+@dataclass(frozen=True)
+class TritonLaunch:
+    """One ``kernel[(grid,)](...)`` call of a plan's printed ``launch``: ``args`` index the
+    flat list ``inputs + outputs + [ws]``; ``line`` is the call as the printer writes it."""
+
+    kernel: str
+    grid: int
+    args: tuple[int, ...]
+    options: tuple[tuple[str, int], ...]
+    line: str
+
+
+def triton_launches(plan: KernelPlan) -> list[TritonLaunch]:
+    """The launches ``launch(inputs, outputs, ws)`` makes for ``plan``, in order (what
+    ``kernels.rendering``'s Triton printer writes; ``TritonKernel`` checks each ``line`` is in
+    the module's text before it launches directly)."""
+    n_in, n_out = len(plan.inputs), len(plan.outputs)
+    out = []
+    for k in plan.kernels:
+        args, names = [], []
+        for p in k.params:
+            b = plan.globals[p]
+            if b.role not in ("input", "output"):
+                raise ValueError(f"triton_launches: {k.name} takes {p} ({b.role}); only program "
+                                 "inputs and outputs are kernel parameters")
+            role = "inputs" if b.role == "input" else "outputs"
+            args.append(b.io_index if b.role == "input" else n_in + b.io_index)
+            names.append(f"{role}[{b.io_index}]")
+        args.append(n_in + n_out)
+        names.append("ws")
+        options = [("num_warps", max(1, k.mapping.threads // 32))]
+        if plan.config.get("stages"):
+            options.append(("num_stages", int(plan.config["stages"])))
+        opts = ", ".join(f"{name}={value}" for name, value in options)
+        out.append(TritonLaunch(k.name, k.vblocks, tuple(args), tuple(options),
+                                f"{k.name}[({k.vblocks},)]({', '.join(names)}, {opts})"))
+    return out
+
+
 class _DevicePointer:
     """A CuPy array as Triton takes an argument: ``data_ptr()`` and a dtype name."""
 
@@ -119,12 +182,30 @@ class _DevicePointer:
 
 
 class TritonKernel:
-    """A plan's Triton module: call it with arrays in the plan's storage dtypes."""
+    """A plan's Triton module: call it with arrays in the plan's storage dtypes.
+
+    ``launch`` (GPU only, ``cupy`` given; default ``$TUNER_TRITON_LAUNCH``, else ``jit``):
+    ``direct`` launches through Triton's dispatch at the first call, keeps each kernel's
+    ``CompiledKernel`` and then calls its launcher with the arrays' integer pointers on CuPy's
+    current stream (the one ``EventClock`` records on; the jit path takes torch's current
+    stream, which is the same legacy default stream unless a stream is set).  A call whose
+    pointers are not all 16-byte aligned (Triton specialised the compiled kernel on that) or
+    that runs on another device than the first takes the jit path.  Triton's launch hooks
+    (the proton profiler) are not called on the direct path."""
 
     def __init__(self, plan: KernelPlan, source: str, *, interpret: bool = False,
-                 cupy: Any = None) -> None:
+                 cupy: Any = None, launch: str | None = None) -> None:
         self.plan, self.source, self.cp = plan, source, cupy
+        self.launch_mode = launch_mode(launch) if cupy is not None else "jit"
+        self.launches = triton_launches(plan) if self.launch_mode == "direct" else []
+        for ln in self.launches:
+            if ln.line not in source:
+                raise ValueError(f"{LAUNCH_ENV}=direct: the module's launch() does not make the "
+                                 f"call {ln.line!r} that the plan implies; launch with jit")
         self.module = load_module(source, interpret)
+        self.compiled: list[Any] = []  # direct: each launch's CompiledKernel, from the 1st call
+        self._direct: list[tuple[Any, Any, Any, int, tuple[int, ...]]] = []
+        self._device, self._ws_ptr = -1, 0
         n = max(1, plan.workspace_floats)
         if cupy is not None:
             self.ws: Any = _DevicePointer(cupy.zeros(n, dtype=cupy.float32), "float32")
@@ -135,11 +216,56 @@ class TritonKernel:
 
     def __call__(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
         if self.cp is not None:
+            if self.launch_mode == "direct" and self._launch_direct(inputs, outputs):
+                return
             inputs = [_DevicePointer(x, b.dtype) for x, b in zip(inputs, self.plan.inputs,
                                                                strict=True)]
             outputs = [_DevicePointer(x, b.dtype) for x, b in zip(outputs, self.plan.outputs,
                                                                 strict=True)]
         self.module.launch(list(inputs), list(outputs), self.ws)
+
+    def _launch_direct(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
+        """Launch through the kept launchers; False: this call takes the jit path."""
+        if not self._direct:
+            self._bind_direct(inputs, outputs)
+            return True
+        ptrs = [x.data.ptr for x in inputs] + [x.data.ptr for x in outputs] + [self._ws_ptr]
+        cp = self.cp
+        if any(p & 15 for p in ptrs) or cp.cuda.runtime.getDevice() != self._device:
+            return False
+        stream = cp.cuda.get_current_stream().ptr
+        for run, function, metadata, grid, args in self._direct:
+            # grid, stream, function, packed metadata, launch metadata, enter/exit hooks, args
+            run(grid, 1, 1, stream, function, metadata, None, None, None,
+                *[ptrs[i] for i in args])
+        return True
+
+    def _bind_direct(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        """The first direct call: each launch through Triton (it compiles there), keeping the
+        ``CompiledKernel`` that ``kernel[grid](...)`` returns."""
+        ptrs = [_DevicePointer(x, b.dtype) for x, b in zip(inputs, self.plan.inputs,
+                                                          strict=True)]
+        ptrs += [_DevicePointer(x, b.dtype) for x, b in zip(outputs, self.plan.outputs,
+                                                           strict=True)]
+        ptrs.append(self.ws)
+        bound, compiled = [], []
+        for ln in self.launches:
+            kernel = getattr(self.module, ln.kernel)[(ln.grid,)](
+                *[ptrs[i] for i in ln.args], **dict(ln.options))
+            run = getattr(kernel, "run", None)
+            function = getattr(kernel, "function", None)
+            metadata = getattr(kernel, "packed_metadata", None)
+            if not callable(run) or function is None or metadata is None:
+                import triton
+
+                raise RuntimeError(
+                    f"{LAUNCH_ENV}=direct: Triton {triton.__version__}'s kernel[grid](...) "
+                    f"returned {type(kernel).__name__}, not a CompiledKernel with run, function "
+                    "and packed_metadata (as Triton 3.6-3.9 do); launch with jit")
+            bound.append((run, function, metadata, ln.grid, ln.args))
+            compiled.append(kernel)
+        self._device, self._ws_ptr = self.cp.cuda.runtime.getDevice(), self.ws.data_ptr()
+        self._direct, self.compiled = bound, compiled
 
 
 # ---------------------------------------------------------------- the interpreter device

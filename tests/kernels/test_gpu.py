@@ -215,3 +215,46 @@ def test_a_loaded_kernel_takes_host_arrays_and_returns_its_storage_dtype(worker,
     rtol, _ = tolerance("float16")
     np.testing.assert_allclose(cupy.asnumpy(out).astype(np.float32), want, rtol=rtol,
                                atol=rtol * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("name", ["lora", "ntrans"])
+def test_the_direct_triton_launch_writes_what_the_jit_launch_writes(name, gpu):
+    """``TUNER_TRITON_LAUNCH=direct`` (opt-in): the same compiled kernel through its launcher,
+    on CuPy's current stream, bit for bit the jit path's outputs (null and a side stream)."""
+    import cupy as cp
+
+    from kernels import triton_default_config
+    from kernels.devices import (
+        TritonKernel,
+        as_stored,
+        from_storage,
+        input_layouts,
+        random_inputs,
+        to_storage,
+    )
+    from search import handwritten, load_program
+
+    program = load_program(name)
+    ref, structure = program.build(), handwritten(program)
+    plan = gpu.lower(structure, triton_default_config(structure, gpu.spec), name)
+    source = gpu.render(plan)
+    stored = as_stored(random_inputs(ref), input_layouts(ref))
+    xs = [cp.asarray(to_storage(x, b.dtype)) for x, b in zip(stored, plan.inputs, strict=True)]
+    got = {}
+    for mode in ("jit", "direct"):
+        kernel = TritonKernel(plan, source, cupy=cp, launch=mode)
+        for stream in (cp.cuda.Stream.null, cp.cuda.Stream(non_blocking=True)):
+            outs = [cp.asarray(to_storage(np.full(b.shape, np.nan, np.float32), b.dtype))
+                    for b in plan.outputs]
+            cp.cuda.Device().synchronize()  # the copies above are on the null stream
+            with stream:
+                for _ in range(3):  # direct: the 1st call binds, the others use the launcher
+                    kernel(xs, outs)
+            stream.synchronize()
+            got[mode, stream.ptr != 0] = [from_storage(cp.asnumpy(o), b.dtype)
+                                          for o, b in zip(outs, plan.outputs, strict=True)]
+        assert (len(kernel.compiled) == len(plan.kernels)) == (mode == "direct")
+    for key, outs in got.items():
+        for a, b in zip(outs, got["jit", False], strict=True):
+            assert np.all(np.isfinite(a)), key
+            np.testing.assert_array_equal(a, b, err_msg=str(key))
