@@ -134,7 +134,7 @@ def build_rows(name: str, cp, torch, say) -> list[Row]:
         (plan, _, xs, _), kernel = state["triton"], state["direct"]
         os = outs(plan)
         ptrs = [a.data.ptr for a in xs] + [o.data.ptr for o in os] + [kernel.ws.data_ptr()]
-        calls = [(c[(ln.grid, 1, 1)], [ptrs[i] for i in ln.args])
+        calls = [(c[(*ln.grid, 1, 1)[:3]], [ptrs[i] for i in ln.args])
                  for c, ln in zip(kernel.compiled, kernel.launches, strict=True)]
         return Row(lambda: [run(*args) for run, args in calls], os, plan)
 

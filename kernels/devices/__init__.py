@@ -25,7 +25,7 @@ _EXPORTS = {
     "ReplayDevice": "_replay",
     "TritonInterpreter": "_triton", "TritonKernel": "_triton", "compile_plan": "_triton",
     "sass": "_triton", "triton_available": "_triton", "launch_mode": "_triton",
-    "triton_launches": "_triton", "TritonLaunch": "_triton", "LAUNCH_ENV": "_triton",
+    "LAUNCH_ENV": "_triton",
     "LibraryKernel": "_library", "library_kernel": "_library", "library_source": "_library",
     "LIBRARY": "_library",
     "FaultDrill": "_faults", "FAULT_ENV": "_faults",

@@ -27,7 +27,6 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,6 +36,7 @@ import numpy as np
 from kernels.hardware import DeviceSpec, get_spec
 from kernels.lowering import KernelPlan
 from kernels.machine import cache_root
+from kernels.rendering import triton_launches
 from search.ir import KernelGraph
 
 from ._base import Device, DeviceUnavailable, Execution
@@ -132,45 +132,6 @@ def launch_mode(mode: str | None = None) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class TritonLaunch:
-    """One ``kernel[(grid,)](...)`` call of a plan's printed ``launch``: ``args`` index the
-    flat list ``inputs + outputs + [ws]``; ``line`` is the call as the printer writes it."""
-
-    kernel: str
-    grid: int
-    args: tuple[int, ...]
-    options: tuple[tuple[str, int], ...]
-    line: str
-
-
-def triton_launches(plan: KernelPlan) -> list[TritonLaunch]:
-    """The launches ``launch(inputs, outputs, ws)`` makes for ``plan``, in order (what
-    ``kernels.rendering``'s Triton printer writes; ``TritonKernel`` checks each ``line`` is in
-    the module's text before it launches directly)."""
-    n_in, n_out = len(plan.inputs), len(plan.outputs)
-    out = []
-    for k in plan.kernels:
-        args, names = [], []
-        for p in k.params:
-            b = plan.globals[p]
-            if b.role not in ("input", "output"):
-                raise ValueError(f"triton_launches: {k.name} takes {p} ({b.role}); only program "
-                                 "inputs and outputs are kernel parameters")
-            role = "inputs" if b.role == "input" else "outputs"
-            args.append(b.io_index if b.role == "input" else n_in + b.io_index)
-            names.append(f"{role}[{b.io_index}]")
-        args.append(n_in + n_out)
-        names.append("ws")
-        options = [("num_warps", max(1, k.mapping.threads // 32))]
-        if plan.config.get("stages"):
-            options.append(("num_stages", int(plan.config["stages"])))
-        opts = ", ".join(f"{name}={value}" for name, value in options)
-        out.append(TritonLaunch(k.name, k.vblocks, tuple(args), tuple(options),
-                                f"{k.name}[({k.vblocks},)]({', '.join(names)}, {opts})"))
-    return out
-
-
 class _DevicePointer:
     """A CuPy array as Triton takes an argument: ``data_ptr()`` and a dtype name."""
 
@@ -204,7 +165,7 @@ class TritonKernel:
                                  f"call {ln.line!r} that the plan implies; launch with jit")
         self.module = load_module(source, interpret)
         self.compiled: list[Any] = []  # direct: each launch's CompiledKernel, from the 1st call
-        self._direct: list[tuple[Any, Any, Any, int, tuple[int, ...]]] = []
+        self._direct: list[tuple[Any, Any, Any, tuple[int, ...], tuple[int, ...]]] = []
         self._device, self._ws_ptr = -1, 0
         n = max(1, plan.workspace_floats)
         if cupy is not None:
@@ -235,9 +196,9 @@ class TritonKernel:
             return False
         stream = cp.cuda.get_current_stream().ptr
         for run, function, metadata, grid, args in self._direct:
-            # grid, stream, function, packed metadata, launch metadata, enter/exit hooks, args
-            run(grid, 1, 1, stream, function, metadata, None, None, None,
-                *[ptrs[i] for i in args])
+            # grid x, y, z, stream, function, packed metadata, launch metadata, enter/exit
+            # hooks, args
+            run(*grid, stream, function, metadata, None, None, None, *[ptrs[i] for i in args])
         return True
 
     def _bind_direct(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
@@ -250,7 +211,7 @@ class TritonKernel:
         ptrs.append(self.ws)
         bound, compiled = [], []
         for ln in self.launches:
-            kernel = getattr(self.module, ln.kernel)[(ln.grid,)](
+            kernel = getattr(self.module, ln.kernel)[ln.grid](
                 *[ptrs[i] for i in ln.args], **dict(ln.options))
             run = getattr(kernel, "run", None)
             function = getattr(kernel, "function", None)
@@ -262,7 +223,8 @@ class TritonKernel:
                     f"{LAUNCH_ENV}=direct: Triton {triton.__version__}'s kernel[grid](...) "
                     f"returned {type(kernel).__name__}, not a CompiledKernel with run, function "
                     "and packed_metadata (as Triton 3.6-3.9 do); launch with jit")
-            bound.append((run, function, metadata, ln.grid, ln.args))
+            grid = (*ln.grid, 1, 1)[:3]
+            bound.append((run, function, metadata, grid, ln.args))
             compiled.append(kernel)
         self._device, self._ws_ptr = self.cp.cuda.runtime.getDevice(), self.ws.data_ptr()
         self._direct, self.compiled = bound, compiled

@@ -11,7 +11,8 @@ import types
 import pytest
 
 from kernels import get_spec, lower, render, triton_default_config
-from kernels.devices import LAUNCH_ENV, TritonKernel, launch_mode, triton_launches
+from kernels.devices import LAUNCH_ENV, TritonKernel, launch_mode
+from kernels.rendering import triton_launches
 from search import SUITE, handwritten, load_program
 
 pytest.importorskip("triton", reason="Triton is not installed (the cuda extra)")
@@ -42,7 +43,7 @@ def _triton_plan(name: str):
 
 
 @pytest.mark.parametrize("name", sorted(SUITE))
-def test_the_launches_derived_from_a_plan_are_the_ones_its_module_makes(name):
+def test_the_launches_of_a_plan_are_the_ones_its_module_makes(name):
     plan = _triton_plan(name)
     source = render(plan, "triton")
     launches = triton_launches(plan)
@@ -50,6 +51,18 @@ def test_the_launches_derived_from_a_plan_are_the_ones_its_module_makes(name):
     for ln in launches:
         assert f"    {ln.line}\n" in source, (ln.line, source[-600:])
         assert ln.args[-1] == len(plan.inputs) + len(plan.outputs)  # ws last
+
+
+def test_a_split_k_kernel_launches_its_partials_then_its_epilogue():
+    structure = handwritten(load_program("rmsnorm_matmul"))
+    spec = get_spec("H100")
+    plan = lower(structure, {**triton_default_config(structure, spec), "splitk": 4}, spec, "s")
+    (k,) = plan.kernels
+    partial, epilogue = triton_launches(plan)
+    assert (partial.kernel, epilogue.kernel) == tuple(k.programs)
+    assert partial.grid == (k.vblocks, 4) and epilogue.grid == (k.vblocks,)
+    source = render(plan, "triton")
+    assert source.index(partial.line) < source.index(epilogue.line)
 
 
 class _Array:
@@ -111,11 +124,11 @@ def test_direct_launches_through_triton_once_then_calls_the_launcher(monkeypatch
     outs = [_Array(0x8000)]
     ptrs = [x.data.ptr for x in xs] + [0x8000, 0x9000]
     kernel(xs, outs)
-    assert calls == [("jit", (ln.grid,), [ptrs[i] for i in ln.args], dict(ln.options))]
+    assert calls == [("jit", ln.grid, [ptrs[i] for i in ln.args], dict(ln.options))]
     assert ln.options == (("num_warps", 4), ("num_stages", 3))
     calls.clear()
     kernel(xs, outs)
-    assert calls == [("run", (ln.grid, 1, 1, 7, "fn", ("meta",), None, None, None,
+    assert calls == [("run", (*ln.grid, 1, 1, 7, "fn", ("meta",), None, None, None,
                               *[ptrs[i] for i in ln.args]))]
     calls.clear()
     kernel([_Array(0x1004), *xs[1:]], outs)  # misaligned: Triton's own dispatch this call
