@@ -54,7 +54,7 @@ def test_codegen_triton_prints_tile_programs_with_the_triton_default(capsys):
     code, out, err = run_main(capsys, "codegen", "gated_mlp", "--target", "triton")
     assert code == 0, err
     assert "@triton.jit" in out and "tl.dot(" in out and "def launch(" in out
-    assert "triton=1" in err and "g0=128" in err  # tiles of 32 columns, 128 of them
+    assert "triton=1" in err and "g0=64" in err  # 64 tiles of 64 columns (128-byte rows)
     compile(out, "<triton>", "exec")  # the printed module is Python
     code, _, err = run_main(capsys, "codegen", "ntrans", "--target", "triton", "--config",
                             "split=2")
