@@ -2,10 +2,10 @@
 # One session on a lent GPU machine, every phase time-boxed, everything written to $OUT:
 #   bash tools/gpu_session/run.sh      (after tools/gpu_session/prepare.sh here; carry .whl .gpu)
 # Phases (seconds, override by environment): GPUTEST=90 `make gpu-test`'s tests with the
-# image's python3; SWEEP=240 benchmarks/sweep.py over the 8 paper programs (top structure by
-# the estimate + the hand-written one, SECONDS_PER=24 each); PEERS=200 benchmarks/peers.py with
-# our column from the sweep; LAUNCH=40 benchmarks/launch_overhead.py.  ~10 minutes in all: set
-# a phase to 0 to skip it.  Files: gputest.log, sweep_*.jsonl.gz, sweep.log, peers.json,
+# image's python3; SWEEP=200 benchmarks/sweep.py over the 8 paper programs (top structure by
+# the estimate + the hand-written one, SECONDS_PER=20 each); PEERS=180 benchmarks/peers.py with
+# our column from the sweep; LAUNCH=40 benchmarks/launch_overhead.py.  At most ~9 minutes (a
+# device call may run 10): give run timeout_s 600.  Set a phase to 0 to skip it.  Files: gputest.log, sweep_*.jsonl.gz, sweep.log, peers.json,
 # peers.log, launch.txt, env.txt.
 set -u
 export PYTHONUNBUFFERED=1
@@ -25,11 +25,11 @@ P="rmsnorm_matmul gated_mlp lora gqa qknorm_gqa mha mqa ntrans"
 phase "${GPUTEST:-90}" gpu-test python3 -m pytest -p no:cacheprovider -m gpu -rs -s -q tests/kernels/test_gpu.py > "$OUT/gputest.log" 2>&1
 tail -3 "$OUT/gputest.log"
 SWEEPFILE="$OUT/sweep_${commit}.jsonl"
-phase "${SWEEP:-240}" sweep python3 benchmarks/sweep.py --device cuda --structures .gpu/structures --only $P --top 1 \
-  --with-handwritten --seconds "${SECONDS_PER:-24}" --out "$SWEEPFILE" > "$OUT/sweep.log" 2>&1
+phase "${SWEEP:-200}" sweep python3 benchmarks/sweep.py --device cuda --structures .gpu/structures --only $P --top 1 \
+  --with-handwritten --seconds "${SECONDS_PER:-20}" --out "$SWEEPFILE" > "$OUT/sweep.log" 2>&1
 grep '^# ' "$OUT/sweep.log"; grep -A3 Traceback "$OUT/sweep.log" | tail -4
 if [ -s "$SWEEPFILE" ]; then
-  phase "${PEERS:-200}" peers python3 benchmarks/peers.py --device cuda --sweep "$SWEEPFILE" --rounds 3 --json > "$OUT/peers.json" 2> "$OUT/peers.log"
+  phase "${PEERS:-180}" peers python3 benchmarks/peers.py --device cuda --sweep "$SWEEPFILE" --rounds 3 --json > "$OUT/peers.json" 2> "$OUT/peers.log"
   grep '^# ' "$OUT/peers.log" | grep -v compiled
   gzip -f "$SWEEPFILE"
 fi
