@@ -63,7 +63,7 @@ def test_handwritten_triton_kernels_match_the_program_under_the_interpreter(
     program = small_instance(load_program(name), cap)
     structure = handwritten(program)
     # several blocks and for-loop iterations; then one block and one iteration, where every
-    # matmul is a tl.dot of whole tiles
+    # matmul is a tl.dot of whole tiles; the Triton default only where both are refused
     ran = 0
     for config in (small_config(structure), {s: 1 for s in structure.symbols()},
                    triton_default_config(structure, get_spec("H100"))):
@@ -71,6 +71,8 @@ def test_handwritten_triton_kernels_match_the_program_under_the_interpreter(
         if why is not None:  # tiles an H100 block cannot hold (mha's whole heads at 64)
             assert "shared memory" in why, why
             continue
+        if ran == 2:
+            break
         ran += 1
         res = interp.build(structure, config, reference=program.build(), name=f"t_{name}",
                            worker=worker)
