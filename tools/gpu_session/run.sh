@@ -5,8 +5,8 @@
 # image's python3; SWEEP=200 benchmarks/sweep.py over the 8 paper programs (top structure by
 # the estimate + the hand-written one, SECONDS_PER=20 each); PEERS=180 benchmarks/peers.py with
 # our column from the sweep; LAUNCH=40 benchmarks/launch_overhead.py.  At most ~9 minutes (a
-# device call may run 10): give run timeout_s 600.  Set a phase to 0 to skip it.  Files: gputest.log, sweep_*.jsonl.gz, sweep.log, peers.json,
-# peers.log, launch.txt, env.txt.
+# device call may run 10): give run timeout_s 600.  Set a phase to 0 to skip it.  Files:
+# gputest.log, sweep_*.jsonl.gz, sweep.log, peers.json, peers.log, launch.txt, env.txt.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
