@@ -1,7 +1,7 @@
 """Search strategies on real GPU spaces, side by side with Kernel Tuner's own.
 
     .venv/bin/python benchmarks/strategies.py [--caches DIR] [--spaces convolution,dedispersion]
-        [--seeds 20] [--budget 200] [--ours random,tpe,model]
+        [--seeds 20] [--budget 200] [--ours random,tpe,model] [--model-options JSON]
         [--kt genetic_algorithm,pso,adaptive_tabu_greywolf] [--model gbdt] [--gpus A100,MI250X]
         [--json OUT]
 
@@ -276,6 +276,8 @@ def main() -> None:
     ap.add_argument("--kt", default="genetic_algorithm,pso,adaptive_tabu_greywolf",
                     help="Kernel Tuner strategies ('' for none)")
     ap.add_argument("--model", default="gbdt", help="cost model kind for the model strategy")
+    ap.add_argument("--model-options", default="{}", metavar="JSON",
+                    help='its options, e.g. \'{"shape_objective": "regression"}\'')
     ap.add_argument("--gpus", default="", help="only these caches (file stems: A100,MI250X)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -302,7 +304,8 @@ def main() -> None:
             plain.write_bytes(gzip.decompress(space.path.read_bytes()))
             model = samples = None
             if {"model", "model_no_adapt"} & set(names):
-                model = model_for_target(spaces, space, args.model)
+                model = model_for_target(spaces, space, args.model,
+                                         **json.loads(args.model_options))
                 memoize_raw(model)
                 samples = target_samples(space)
             f_rand = expected_random_best(space.times, args.budget)
