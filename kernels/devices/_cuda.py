@@ -31,8 +31,8 @@ from verifier import FloatArith, run
 
 from ._base import TRIAL_TIMING, Device, DeviceUnavailable, Execution
 from ._check import Expected, as_stored, input_layouts, random_inputs
-from ._compile import NVRTC_OPTIONS
 from ._isolate import IsolatedWorker, run_isolated
+from ._nvrtc import NVRTC_OPTIONS
 from ._status import COMPILE_ERROR, OK, RUNTIME_ERROR
 from ._storage import STORAGE, from_storage, to_storage
 from ._timing import measure

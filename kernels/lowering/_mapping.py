@@ -35,7 +35,7 @@ from ._plan import pad
 # KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.
 # triton: 1 prints the plan in the Triton dialect (GPU only), stages its software-pipelining
 # depth (Triton's num_stages), splitk the programs per virtual block that share its for-loop
-# (split-K, Triton only: ``_lower._split_k``).
+# (split-K, Triton only: ``_splitk.split_k``).
 KNOBS = ("block", "lanes", "split", "vpack", "smem_kb", "tile_rows", "stream", "triton",
          "stages", "splitk")
 ZERO_OK = ("smem_kb", "tile_rows", "stream", "triton")  # knobs for which 0 means "none" / "off"

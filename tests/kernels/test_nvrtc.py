@@ -119,10 +119,10 @@ def test_nvrtc_sees_what_nvcc_hides_and_reports_the_log():
 
 
 def test_without_libnvrtc_the_error_says_how_to_install(monkeypatch):
-    from kernels.devices import _compile
+    from kernels.devices import _nvrtc
 
-    monkeypatch.setattr(_compile, "_nvrtc", lambda: None)
-    assert not _compile.nvrtc_available()
+    monkeypatch.setattr(_nvrtc, "_nvrtc", lambda: None)
+    assert not _nvrtc.nvrtc_available()
     with pytest.raises(CompileError, match="pip install 'nvidia-cuda-nvrtc"):
         nvrtc_check('extern "C" __global__ void k() {}')
     with pytest.raises(ValueError, match="non-empty"):
@@ -131,10 +131,10 @@ def test_without_libnvrtc_the_error_says_how_to_install(monkeypatch):
 
 @needs_nvrtc
 def test_the_library_loaded_is_a_real_nvrtc():
-    from kernels.devices import _compile, find_nvrtc, nvrtc_version
+    from kernels.devices import _nvrtc, find_nvrtc, nvrtc_version
 
     path = find_nvrtc()
     assert path is not None and "nvrtc" in path
     major, _ = nvrtc_version() or (0, 0)
     assert major >= 12
-    assert isinstance(_compile._nvrtc(), ctypes.CDLL)
+    assert isinstance(_nvrtc._nvrtc(), ctypes.CDLL)

@@ -1,0 +1,88 @@
+"""Split-K: several programs share one virtual block's for-loop (the Triton dialect).
+
+A decode-sized weight stream has a few output rows and a long K: one program per 64-column
+output tile walks its K x 64 slice alone, and 64-128 programs cannot keep an H100's 132 SMs
+loading (16-38% of the copy bandwidth, docs/devices.md).  ``split_k`` decides whether a
+kernel's loop can be split (only sums can) and records it in the plan for the printer.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._plan import Buffer, Kernel, Let, Level, Store
+
+
+def split_k(k: Kernel, s: int, what: str, triton: bool) -> None:
+    """``splitk=s``: ``s`` programs per virtual block share the for-loop, each adding its
+    accumulators into a zeroed float32 workspace slot (``splitk`` buffers, one slot per virtual
+    block); an epilogue program per virtual block reads them, zeroes them for the next call and
+    runs the part after the loop (the Triton dialect prints both).  Legal only where every
+    state the loop carries is a sum: tiles accumulated (never overwritten, never read inside
+    the loop, never written outside it) and accumulated outputs.  FlashAttention's running
+    max, tiles overwritten by each iteration, stores inside the loop, grid barriers are
+    refused with the reason, as any illegal config is."""
+    why = f"config: splitk={s} cannot split {what} ({k.name})"
+    if not triton:
+        raise ValueError(f"config: splitk={s} needs the Triton dialect (triton=1): only its "
+                         "printer has the partial and epilogue programs")
+    if k.forloop % s:
+        raise ValueError(f"config: splitk={s} must divide the for-loop range {k.forloop} of "
+                         f"{what} ({k.name})")
+    if k.barrier != "none" or len(k.phases) != 1:
+        raise ValueError(f"{why}: its phases are joined by a grid barrier")
+    loops = k.phases[0].loops
+    body = [lp for lp in loops if lp.stage == "body"]
+    if not body:
+        raise ValueError(f"{why}: nothing runs inside its for-loop")
+    tiles = {n for n, b in k.buffers.items() if b.level is Level.REGIONAL}
+    view_buf = {v.name: v.buffer for v in k.views}
+    carried: dict[str, tuple[int, int]] = {}  # tile or output view -> (rows, cols)
+    overwritten: set[str] = set()
+    for lp in body:
+        for st in (*lp.hoisted, *lp.col, *lp.row):
+            if isinstance(st, Let) and st.attrs.get("shift") or \
+                    isinstance(st, Store) and st.scale:
+                raise ValueError(f"{why}: it carries a running row max (a rescaled, "
+                                 "FlashAttention-style accumulator), which is not a sum")
+            if not isinstance(st, Store):
+                continue
+            buf = view_buf[st.access.view]
+            if buf in tiles:
+                if st.accumulate:
+                    b = k.buffers[buf]
+                    rows = math.prod(b.shape[:-1]) if len(b.shape) > 1 else 1
+                    carried[buf] = (rows, b.shape[-1] if b.shape else 1)
+                else:
+                    overwritten.add(buf)
+            elif st.accumulate:
+                carried.setdefault(st.access.view, (lp.rows, 1 if st in lp.row else lp.cols))
+            else:
+                raise ValueError(f"{why}: it stores {buf} inside the for-loop (each iteration "
+                                 "overwrites it: not a sum)")
+    both = sorted(overwritten & set(carried))
+    if both:
+        raise ValueError(f"{why}: {both[0]} is both overwritten and accumulated in the loop")
+    for lp in loops:
+        for st in (*lp.hoisted, *lp.col, *lp.row):
+            accs = st.access if isinstance(st, Let) else (st.access,)
+            bufs = {view_buf[a.view] for a in accs}
+            if lp.stage == "body" and isinstance(st, Let) and bufs & set(carried):
+                raise ValueError(f"{why}: the loop reads its accumulator "
+                                 f"{sorted(bufs & set(carried))[0]} (a partial sum)")
+            if lp.stage != "body" and isinstance(st, Store) and bufs & set(carried):
+                raise ValueError(f"{why}: accumulator {sorted(bufs & set(carried))[0]} is "
+                                 "also written outside the for-loop")
+            if lp.stage == "post" and bufs & overwritten:
+                raise ValueError(f"{why}: {sorted(bufs & overwritten)[0]} is overwritten "
+                                 "by every iteration and read after the loop (not a sum)")
+    if not carried:
+        raise ValueError(f"{why}: its for-loop carries no accumulator")
+    k.splitk = s
+    for key, shape in carried.items():
+        k.buffers[f"sk_{key}"] = Buffer(
+            f"sk_{key}", shape, Level.GLOBAL, "splitk", per_vblock=True, carries=key,
+            doc=f"split-K: the {s} partial sums of {key} per virtual block, added atomically; "
+                "zeroed again by the epilogue")
+    k.notes.append(f"split-K {s}: {s} programs per virtual block walk {k.forloop // s} "
+                   f"for-loop steps each, {len(carried)} accumulator(s) summed in the workspace")
