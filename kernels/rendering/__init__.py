@@ -13,7 +13,8 @@ from ._cpp_prelude import EXP_F
 from ._cstyle import BINARY, UNARY, CStyle
 from ._cuda import CudaDialect
 from ._render import DIALECTS, render
-from ._triton import TritonDialect, TritonLaunch, TritonUnsupported, triton_launches
+from ._triton import TritonDialect, TritonUnsupported
+from ._triton_launch import TritonLaunch, triton_launches
 
 __all__ = ["BINARY", "DIALECTS", "EXP_F", "UNARY", "CStyle", "CppDialect", "CudaDialect", "TritonDialect", "TritonLaunch", "triton_launches",
            "TritonUnsupported", "render"]

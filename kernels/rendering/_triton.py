@@ -22,18 +22,17 @@ Plans this form cannot express (grid barriers, task splitting across blocks) rai
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from kernels.lowering import Access, Buffer, Kernel, KernelPlan, Let, Level, Loop, Store
 
 from ._cstyle import view_terms
+from ._triton_launch import triton_launches
 from ._triton_tiles import (
     TileMath,
     TritonUnsupported,
     _dense,
     _indent,
     _mul,
-    _param_arg,
     _Tile,
     _value_shape,
     _views_used,
@@ -49,48 +48,6 @@ UNARY = {"exp": "tl.exp({a})", "sqrt": "tl.sqrt({a})", "square": "({a} * {a})",
          "gelu": "({a} * tl.sigmoid(1.5957691216057308 * ({a} + 0.044715 * {a} * {a} * {a})))",
          "neg": "(-{a})", "rsqrt": "tl.rsqrt({a})", "tanh": "(2.0 * tl.sigmoid(2.0 * {a}) - 1.0)"}
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-
-
-@dataclass(frozen=True)
-class TritonLaunch:
-    """One ``kernel[grid](...)`` call of the printed ``launch(inputs, outputs, ws)``: ``args``
-    index the flat list ``inputs + outputs + [ws]``; ``line`` is the call as printed.  The
-    cuda device's direct launches (``TUNER_TRITON_LAUNCH=direct``) replay these."""
-
-    kernel: str
-    grid: tuple[int, ...]
-    args: tuple[int, ...]
-    options: tuple[tuple[str, int], ...]
-    line: str
-
-
-def triton_launches(plan: KernelPlan) -> list[TritonLaunch]:
-    """The launches of ``plan``'s Triton module, in order: per kernel one program per virtual
-    block, or with split-K (``Kernel.splitk``) its partial programs, then its epilogue."""
-    n_in = len(plan.inputs)
-    options = [("num_warps", 0)]
-    if plan.config.get("stages"):
-        options.append(("num_stages", int(plan.config["stages"])))
-    out = []
-    for k in plan.kernels:
-        args, names = [], []
-        for p in k.params:  # a kernel between two others may take only the workspace
-            b = plan.globals[p]
-            if b.role not in ("input", "output"):
-                raise TritonUnsupported(f"{k.name} takes {p} ({b.role}); only program inputs "
-                                        "and outputs are Triton kernel parameters")
-            args.append(b.io_index if b.role == "input" else n_in + b.io_index)
-            names.append(_param_arg(b))
-        args.append(n_in + len(plan.outputs))
-        names.append("ws")
-        opts = tuple((n, max(1, k.mapping.threads // 32) if n == "num_warps" else v)
-                     for n, v in options)
-        grids = [(k.vblocks,)] if k.splitk == 1 else [(k.vblocks, k.splitk), (k.vblocks,)]
-        for program, grid in zip(k.programs, grids, strict=True):
-            call = ", ".join([*names, *(f"{n}={v}" for n, v in opts)])
-            out.append(TritonLaunch(program, grid, tuple(args), opts,
-                                    f"{program}[{grid}]({call})"))
-    return out
 
 
 class TritonDialect(TileMath):
