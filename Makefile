@@ -30,13 +30,13 @@ test: $(STAMP)
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
 
-# The cuda device on this machine's GPU: every test marked gpu (they skip, saying why, where
-# no GPU or no CuPy is usable), with each program's fused vs op-by-op CuPy times printed.
 # What a short session on a lent GPU machine needs, made here (docs/devices.md, "Running on
 # a lent GPU"); there: bash tools/gpu_session/run.sh
 gpu-prepare: $(STAMP)
 	PY=$(BIN)/python bash tools/gpu_session/prepare.sh
 
+# The cuda device on this machine's GPU: every test marked gpu (they skip, saying why, where
+# no GPU or no CuPy is usable), with each program's fused vs op-by-op CuPy times printed.
 gpu-test: $(STAMP)
 	$(BIN)/python -m pytest -m gpu -rs -s tests/kernels/test_gpu.py
 

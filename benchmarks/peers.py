@@ -16,8 +16,8 @@ round robin for ``--rounds`` rounds, medians reported:
 - ``tuner``: our kernel — the best stored in ``--db`` for this device (``tuner.best``; where
   the library path won the launch, what ``tuner.load`` serves: numpy op by op), or the
   fastest checked trial of a ``--sweep`` file (``benchmarks/sweep.py``: structures and configs
-  measured on this device), or else the structure of ``--structures`` (search outputs) or the hand-written one that the
-  device's roofline estimate ranks first, with the AStitch default config — checked against
+  measured on this device), or else the structure of ``--structures`` (search outputs) or
+  the hand-written one that the device's roofline estimate ranks first, with the AStitch default config — checked against
   the float reference in the isolated worker first, then called in this process.
 
 Same thread count for all (``--threads``, default every core: OMP/OpenBLAS/MKL variables set
@@ -339,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.sweep and not Path(args.sweep).is_file():
+        print(f"peers.py: --sweep {args.sweep}: no such file (a benchmarks/sweep.py output)",
+              file=sys.stderr)
+        return 2
     if args.threads:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(args.threads)

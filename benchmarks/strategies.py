@@ -281,6 +281,13 @@ def main() -> None:
     ap.add_argument("--gpus", default="", help="only these caches (file stems: A100,MI250X)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    try:
+        options = json.loads(args.model_options)
+        assert isinstance(options, dict)
+    except (ValueError, AssertionError):
+        print(f"strategies.py: --model-options {args.model_options!r}: give a JSON object, "
+              'e.g. \'{"shape_objective": "regression"}\'', file=sys.stderr)
+        sys.exit(2)
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
                 .splitlines() if ln.startswith("model name")), "unknown CPU")
     print(f"CPU: {cpu}; budget {args.budget} evaluations, {args.seeds} seeds; target: within "
@@ -304,8 +311,7 @@ def main() -> None:
             plain.write_bytes(gzip.decompress(space.path.read_bytes()))
             model = samples = None
             if {"model", "model_no_adapt"} & set(names):
-                model = model_for_target(spaces, space, args.model,
-                                         **json.loads(args.model_options))
+                model = model_for_target(spaces, space, args.model, **options)
                 memoize_raw(model)
                 samples = target_samples(space)
             f_rand = expected_random_best(space.times, args.budget)

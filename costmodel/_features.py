@@ -34,9 +34,10 @@ from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
 from search.ir import MAX_RANK, OPS, KernelGraph
 
 FEATURE_VERSION = 6  # 6: the dialect a GPU plan is printed in (Triton or CUDA C), its
-# pipelining stages and split-K, and the GPU estimate charging CUDA-C matmuls (both unseen before: on an
-# H100 the same structure ran 1.07 ms in CUDA C and 0.064 ms in Triton); 5: the program's storage dtype, its elements through exp-family ops
-# and through divides / square roots; each kernel's loop schedule (register tiles, row-by-row matmuls,
+# pipelining stages and split-K, and the GPU estimate charging CUDA-C matmuls (unseen before:
+# on an H100 the same structure ran 1.07 ms in CUDA C and 0.064 ms in Triton); 5: the
+# program's storage dtype, its elements through exp-family ops and through divides / square
+# roots; each kernel's loop schedule (register tiles, row-by-row matmuls,
 # streamed stores, prefetches, lane-tree sums, forks threads or not) and its load balance over
 # the device's cores / SMs: 26% of the CPU dataset's rows had the features of another config
 # of their structure (the tile_rows knob was invisible); 4: a flag for a device the table lacks (its sibling's speeds); 3: opcodes

@@ -1,11 +1,10 @@
-"""Compilers: C++ to a cached shared library, an nvcc/ptxas resource check for CUDA, and an
-NVRTC compile check with the cuda device's own options.
+"""Compilers: C++ to a cached shared library, and an nvcc/ptxas resource check for CUDA (the
+NVRTC compile check is ``_nvrtc.py``).
 
-The first two cache on disk by a hash of everything that changes the output (source, flags, compiler
+Both cache on disk by a hash of everything that changes the output (source, flags, compiler
 version, and for -march=native the CPU), because the tuner rebuilds the same candidate often and
 a compile costs far more than a run. Cache writes go to a temp file then os.replace, so
-concurrent workers sharing the cache never see a half-written library.  The NVRTC check caches
-nothing: it runs in-process in a fraction of a second.
+concurrent workers sharing the cache never see a half-written library.
 """
 
 from __future__ import annotations

@@ -344,7 +344,8 @@ def compile_plan(plan: KernelPlan, source: str, capability: int) -> dict[str, An
     """Every kernel of the plan compiled for ``sm_<capability>`` (90: Hopper, 80: Ampere)
     without a GPU: ``triton.compile`` with the target named.  Pointers are declared 16-byte
     aligned, as Triton specialises them at a launch on CUDA allocations.  Returns program
-    name (``Kernel.programs``: two for a split-K kernel) -> the compiled kernel (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata``)."""
+    name (``Kernel.programs``: two for a split-K kernel) -> the compiled kernel
+    (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 

@@ -28,9 +28,7 @@ def triton_launches(plan: KernelPlan) -> list[TritonLaunch]:
     """The launches of ``plan``'s Triton module, in order: per kernel one program per virtual
     block, or with split-K (``Kernel.splitk``) its partial programs, then its epilogue."""
     n_in = len(plan.inputs)
-    options = [("num_warps", 0)]
-    if plan.config.get("stages"):
-        options.append(("num_stages", int(plan.config["stages"])))
+    stages = (("num_stages", int(plan.config["stages"])),) if plan.config.get("stages") else ()
     out = []
     for k in plan.kernels:
         args, names = [], []
@@ -43,8 +41,7 @@ def triton_launches(plan: KernelPlan) -> list[TritonLaunch]:
             names.append(_param_arg(b))
         args.append(n_in + len(plan.outputs))
         names.append("ws")
-        opts = tuple((n, max(1, k.mapping.threads // 32) if n == "num_warps" else v)
-                     for n, v in options)
+        opts = (("num_warps", max(1, k.mapping.threads // 32)), *stages)
         grids = [(k.vblocks,)] if k.splitk == 1 else [(k.vblocks, k.splitk), (k.vblocks,)]
         for program, grid in zip(k.programs, grids, strict=True):
             call = ", ".join([*names, *(f"{n}={v}" for n, v in opts)])

@@ -3,11 +3,12 @@
 ``TileMath`` prints a plan's ``matmul`` and ``reduce`` lets as tile operations: ``tl.dot`` on
 operands as stored (float16 / bfloat16 tiles straight from memory meet a computed tile in their
 dtype when it is known to lie in the half range), a 3-D ``tl.dot`` over a block's batch dims, a
-broadcast product where a dim is 1 or B differs per row in a way no dot covers.  No tile is
-ever summed over an axis of size 1: a matmul with k = 1 (a for-loop step of 1 walking
-attention's keys) is the outer product itself, a reduction over one element that element (on
-an H100, Triton 3.6 miscompiled ``tl.sum(a[:, :, None] * b[None, :, :], axis=1)`` of a
-(256, 1, 16) product: gqa's E·V at F = 4096 came out wrong in every element).  The dialect
+broadcast product where a dim is 1 or B differs per row in a way no dot covers.  A matmul of
+two tiles with k = 1 (a for-loop step of 1 walking attention's keys) is printed as the outer
+product itself, not summed over an axis of size 1 (on an H100, Triton 3.6 miscompiled
+``tl.sum(a[:, :, None] * b[None, :, :], axis=1)`` of a (256, 1, 16) product: gqa's E·V at
+F = 4096 came out wrong in every element).  The batched per-row-B form and one-element
+reductions still sum over such an axis: no suite structure reaches them (not run on a GPU).  The dialect
 (``_triton.py``) mixes it in and supplies the loop state it reads (``_li``, ``_lp``, ``_k``,
 ``_plan``, ``_views``, ``_tiles``, ``_unbounded``).
 """
@@ -105,15 +106,6 @@ class TileMath:
                 raise TritonUnsupported(f"{self._k.name}: batched matmul of a register tile "
                                         f"in a loop over {lp.shape}")
             a, _ = self._operand(a_acc, "a", k)
-            if k == 1:  # one term: the product itself, no sum over an axis of size 1
-                off = " + ".join(x for x in (self._rowoff(b_acc), _mul(f"{p}c", b_acc.col)
-                                              if b_acc.col else "") if x)
-                if off:
-                    mask = f"{p}m" if b_acc.col else f"{p}rm"
-                    return [f"{st.var}_a = ({a}).to(tl.float32)",
-                            f"{st.var} = {st.var}_a * tl.load({b_acc.view} + {off}, "
-                            f"mask={mask}, other=0.0).to(tl.float32)"
-                            f"  # {st.comment} (per-row B, k = 1: a broadcast product)"]
             kk = f"tl.arange(0, {pad(k)})[None, :, None]"
             cc = f"tl.arange(0, {pad(lp.cols)})[None, None, :]"
             off = " + ".join(x for x in (self._rowoff(b_acc, axis3=True), _mul(kk, b_acc.red),
@@ -204,12 +196,6 @@ class TileMath:
         n = int(st.attrs["n"])
         p = f"L{self._li}_"
         q = f"tl.arange(0, {pad(n)})[None, None, :]"
-        if n == 1:  # one element: itself, no sum over an axis of size 1
-            off = " + ".join(x for x in (self._rowoff(acc), f"{p}c * {acc.col}" if acc.col
-                                          else "") if x)
-            if off:
-                return [f"{st.var} = tl.load({acc.view} + {off}, mask={p}m, "
-                        "other=0.0).to(tl.float32)  # a reduction over one element"]
         row3 = self._rowoff(acc, axis3=True)
         terms = [x for x in (row3, f"{p}c[:, :, None] * {acc.col}" if acc.col else "",
                              _mul(q, acc.red)) if x]

@@ -89,10 +89,10 @@ def study_name(program: str, program_hash: str, shapes_key: str, structure_hash:
 def warm_start(space: ConfigSpace) -> list[dict[str, int]]:
     """The first trials of a new study: the AStitch default (on a GPU also the Triton
     dialect's default, ``ConfigSpace.alternates``, first where the estimate says it is
-    faster), then each with one parameter moved to
-    either end of its range (legal ones only).  The rule is usually right about most
-    parameters and wrong about one; the ends show the sampler which way each axis goes.  ntrans (8x4096) on this cpu: the default g0=8, split=1 and the best g0=8,
-    split=16 differ in one parameter, at its end."""
+    faster), then each with one parameter moved to either end of its range (legal ones only).
+    The rule is usually right about most parameters and wrong about one; the ends show the
+    sampler which way each axis goes.  ntrans (8x4096) on this cpu: the default g0=8, split=1
+    and the best g0=8, split=16 differ in one parameter, at its end."""
     starts = [dict(space.default), *(dict(a) for a in space.alternates)]
     if space.alternate_first:
         starts = starts[1:] + starts[:1]
