@@ -25,7 +25,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from ._features import DEVICE_DIM, FEATURE_VERSION, Sample
-from ._siblings import MeasuredRanks, affinity, blend
+from ._siblings import MeasuredRanks, affinity, zero_shot_shape
 
 
 class CostModel(ABC):
@@ -143,14 +143,10 @@ class LearnedModel(CostModel):
         """The model's shape, with the siblings' measured order blended in for the devices
         it never trained on (``_siblings``); a device it trained on keeps the model's."""
         measured = getattr(self, "measured", None)
-        new = [i for i, s in enumerate(samples) if s.device not in self.devices]
-        if measured is None or not new:
+        unseen = [idx for idx in group_rows(samples) if samples[idx[0]].device not in self.devices]
+        if measured is None or not unseen:
             return shape
-        sibling = np.full(len(samples), np.nan)
-        sibling[new] = measured.ranks([samples[i] for i in new])
-        if np.isnan(sibling).all():
-            return shape
-        return blend(shape, sibling, group_rows(samples))
+        return zero_shot_shape(shape, samples, measured, unseen)
 
     def adapt(self, measured: Sequence[Sample]) -> dict[str, dict]:
         """Per device of ``measured`` (at least 3 configs): rank its measured configs as the
