@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import db
-from kernels import MEASUREMENT_STATUSES, OK, device_key
+from kernels import KNOBS, MEASUREMENT_STATUSES, OK, device_key
 from kernels.machine import cpu_model, cpu_vector_isa
 from search.ir import GraphFormatError, from_obj, load_program, structural_hash
 
@@ -54,6 +54,7 @@ class Dataset:
     programs: dict[str, dict] = field(default_factory=dict)
     structures: dict[tuple[str, str], dict] = field(default_factory=dict)
     measurements: list[dict] = field(default_factory=list)
+    symbols: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # µGraph structures'
 
     def keys(self) -> set[tuple]:
         """What identifies each measurement (program, structure, config, device)."""
@@ -154,16 +155,19 @@ def _add(data: Dataset, path: Path, n: int, rec: dict) -> None:
                                      "which no earlier line defines")
         if "kernel_tuner" not in rec["graph"]:
             try:
-                from_obj(rec["graph"])
+                graph = from_obj(rec["graph"])
             except (GraphFormatError, ValueError, KeyError, TypeError) as err:
                 raise DatasetFormatError(f"{path}:{n}: structure {rec['hash'][:16]}: not a "
                                          f"µGraph: {err}") from None
+            data.symbols.setdefault((rec["program"], rec["hash"]), graph.symbols())
         data.structures.setdefault((rec["program"], rec["hash"]), rec)
     elif kind == "m":
         _need(rec, path, n, {"p": str, "s": str, "c": dict, "d": str, "st": str})
         if (rec["p"], rec["s"]) not in data.structures:
             raise DatasetFormatError(f"{path}:{n}: measurement of structure {rec['s'][:16]}, "
                                      "which no earlier line defines")
+        if (rec["p"], rec["s"]) in data.symbols:
+            _check_config(rec["c"], data.symbols[rec["p"], rec["s"]], path, n)
         if rec["st"] not in MEASUREMENT_STATUSES:
             raise DatasetFormatError(f"{path}:{n}: status {rec['st']!r}; one of "
                                      f"{', '.join(MEASUREMENT_STATUSES)}")
@@ -175,6 +179,20 @@ def _add(data: Dataset, path: Path, n: int, rec: dict) -> None:
     else:
         raise DatasetFormatError(f"{path}:{n}: unknown kind {kind!r} (header, program, "
                                  "structure, m)")
+
+
+def _check_config(config: dict, symbols: set[str], path: Path, n: int) -> None:
+    """A µGraph config: whole numbers, binding the structure's symbols (or none of them: the
+    AStitch default) beside the mapping knobs, as ``kernels.lower`` takes it."""
+    bad = [k for k, v in config.items() if type(v) is not int]
+    if bad:
+        raise DatasetFormatError(f"{path}:{n}: config {config}: {bad[0]!r} is not a whole "
+                                 "number")
+    bound = set(config) - set(KNOBS)
+    if bound and bound != symbols:
+        raise DatasetFormatError(f"{path}:{n}: config {config} binds {sorted(bound)}; the "
+                                 f"structure's symbols are {sorted(symbols)} (knobs: "
+                                 f"{', '.join(KNOBS)})")
 
 
 def _from_sweep(path: Path, records: list[tuple[int, dict]]) -> Dataset:

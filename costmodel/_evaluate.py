@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ._features import Sample
-from ._kinds import make_model
+from ._kinds import MIN_FIT_ROWS, make_model
 from ._metrics import evaluate
 from ._siblings import _config_key
 
@@ -27,7 +27,20 @@ def folds(samples: Sequence[Sample], split: str, seed: int = 0, k: int | None = 
           ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """``[(name of the held-out part, train indices, test indices)]`` for ``split``; with
     ``k`` (program or device split), the programs / devices are dealt into ``k`` folds in a
-    seeded order instead of one fold each (148 programs: 148 fits of each model otherwise)."""
+    seeded order instead of one fold each (148 programs: 148 fits of each model otherwise).
+    A fold with fewer than ``MIN_FIT_ROWS`` rows to train on, or none to test, is refused."""
+    out = _folds(samples, split, seed, k)
+    for name, train, test in out:
+        if len(train) < MIN_FIT_ROWS or not len(test):
+            raise ValueError(f"--split {split}: fold {name!r} would train on {len(train)} and "
+                             f"test on {len(test)} of {len(samples)} ok measurement(s); a "
+                             f"model needs {MIN_FIT_ROWS} to train on and a fold one to test "
+                             "on: measure more (launch a job) first")
+    return out
+
+
+def _folds(samples: Sequence[Sample], split: str, seed: int, k: int | None
+           ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     n = len(samples)
     if split == "random":
         order = np.random.default_rng(seed).permutation(n)

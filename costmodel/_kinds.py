@@ -12,6 +12,7 @@ from ._models import CostModel, RooflineModel
 from ._sage import SageModel
 
 MODEL_KINDS = ("roofline", "gbdt", "graphsage")
+MIN_FIT_ROWS = 2  # the fewest rows a model is fitted on (LightGBM bags 90%: of one, none)
 
 # classes a model stored before they moved out of ``_models`` names by their old path
 _MOVED = {("costmodel._models", "GbdtModel"): GbdtModel,

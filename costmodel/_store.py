@@ -25,7 +25,7 @@ from ._data import read_kernel_tuner
 from ._devices import DeviceProfile, device_profile, unknown_devices
 from ._evaluate import cross_validate
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
-from ._kinds import load_model, make_model
+from ._kinds import MIN_FIT_ROWS, load_model, make_model
 from ._metrics import evaluate
 from ._models import CostModel
 
@@ -84,7 +84,7 @@ def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
 
 def train(database: db.Database, *, device_key: str | None = None, kind: str = "graphsage",
           force: bool = False, options: dict | None = None,
-          progress: Callable[[str], None] | None = None, min_rows: int = 1) -> dict:
+          progress: Callable[[str], None] | None = None, min_rows: int = MIN_FIT_ROWS) -> dict:
     """Fit ``kind`` on the database's measurements (of ``device_key``, or all) and store it.
 
     Incremental: when the newest stored model of this kind and device was trained on every
@@ -92,9 +92,7 @@ def train(database: db.Database, *, device_key: str | None = None, kind: str = "
     key = device_key or db.ALL_DEVICES
     newest = db.newest_measurement_id(database, device_key)
     if newest == 0:
-        raise ValueError("no ok measurements in the database to train on"
-                         + (f" for device {device_key!r}" if device_key else "")
-                         + ": launch a job or `tuner import kernel-tuner FILE` first")
+        raise _no_rows("train on", device_key)
     last = next((m for m in db.models(database, device_key, kind, with_weights=False)
                  if m.device_key == key), None)
     if (last and not force and last.trained_on.get("newest_measurement") == newest
@@ -104,10 +102,11 @@ def train(database: db.Database, *, device_key: str | None = None, kind: str = "
                 **last.trained_on}
     start = time.perf_counter()
     rows = db.training_rows(database, device_key)
-    if len(rows) < min_rows:
-        raise ValueError(f"{len(rows)} ok measurements" + (f" of {device_key}" if device_key
-                                                            else "")
-                         + f": fewer than {min_rows}, too few to learn from yet")
+    if len(rows) < max(min_rows, MIN_FIT_ROWS):
+        raise ValueError(f"{len(rows)} ok measurement(s)" + (f" of {device_key}" if device_key
+                                                              else "")
+                         + f": fewer than {max(min_rows, MIN_FIT_ROWS)}, too few to learn from "
+                         "yet; " + _MEASURE_MORE)
     if progress:
         progress(f"featurizing {len(rows)} measurements")
     samples = samples_from_rows(rows)
@@ -115,8 +114,8 @@ def train(database: db.Database, *, device_key: str | None = None, kind: str = "
     model = make_model(kind, **(options or {}))
     model.fit(samples, progress=progress)
     fit_s = time.perf_counter() - start
-    metrics = evaluate([s.group for s in samples], [s.seconds for s in samples],
-                       model.predict(samples))
+    metrics = _finite(evaluate([s.group for s in samples], [s.seconds for s in samples],
+                               model.predict(samples)))
     devices = sorted({s.device for s in samples})
     trained_on = {"rows": len(samples), "newest_measurement": newest, "devices": devices,
                   "programs": len({s.program for s in samples}), "seconds": round(fit_s, 2)}
@@ -156,10 +155,23 @@ def held_out_metrics(samples: Sequence[Sample], kind: str, options: dict | None 
         held = [samples[i] for i in idx if test[i]]
         if len(idx) < 10 or len(held) < 2:
             continue
-        m = evaluate([s.group for s in held], [s.seconds for s in held], model.predict(held))
-        out[device] = {k: v for k, v in m.items() if not (isinstance(v, float) and
-                                                           math.isnan(v))}
+        out[device] = _finite(evaluate([s.group for s in held], [s.seconds for s in held],
+                                       model.predict(held)))
     return out
+
+
+def _finite(metrics: dict) -> dict:
+    """Only the figures that exist (tau needs two configs of one group): NaN is not JSON."""
+    return {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+_MEASURE_MORE = "launch a job or `tuner import kernel-tuner FILE` first"
+
+
+def _no_rows(doing: str, device_key: str | None) -> ValueError:
+    return ValueError(f"no ok measurements in the database to {doing}"
+                      + (f" for device {device_key!r} (`tuner status` lists the devices "
+                         "measured)" if device_key else "") + f"; {_MEASURE_MORE}")
 
 
 def evaluate_database(database: db.Database, split: str, *, device_key: str | None = None,
@@ -169,7 +181,7 @@ def evaluate_database(database: db.Database, split: str, *, device_key: str | No
     """``tuner model eval``: GraphSAGE on the split's folds, the baselines beside it."""
     samples = samples_from_rows(db.training_rows(database, device_key))
     if not samples:
-        raise ValueError("no ok measurements in the database to evaluate on")
+        raise _no_rows("evaluate on", device_key)
     result = cross_validate(samples, split, kinds, options=options, progress=progress)
     main = kinds[0]
     folds = [f for f in result["folds"][main] if f is not None]

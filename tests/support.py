@@ -135,6 +135,8 @@ MALFORMED = [
     ("programs: [lora]\ntuning:\n  time_budget_s: -5\n", 3, "tuning.time_budget_s", "> 0"),
     ("programs: [lora]\ntuning: {sampler: cmaes}\n", 2, "tuning.sampler", "tpe, random, grid"),
     ("programs: [lora]\ntuning:\n  confirm: -1\n", 3, "tuning.confirm", "at least 0"),
+    ("programs: [lora]\ntuning:\n  trial_timeout_s: null\n", 3, "tuning.trial_timeout_s",
+     "seconds > 0"),
     ("programs: [lora]\ndevices:\n  - cpu\n  - gpu0\n", 4, "devices[1]", "unknown device"),
     ("programs: [lora]\ndevices: [cuda, cuda:0]\n", 2, "devices[1]", "repeats"),
     ("programs: [lora]\ncluster:\n  workers: 1.5\n", 3, "cluster.workers", "whole number"),

@@ -138,3 +138,39 @@ def test_bad_model_options_are_one_line_errors(capsys, tmp_path):
     assert code == 2 and "--steps 0" in err and len(err.strip().splitlines()) == 1
     with db.connect(url) as database:
         assert database.row_counts() == before and not db.models(database)
+
+
+def test_too_few_measurements_are_one_line_errors_not_a_model_library_traceback(
+        capsys, tmp_path):
+    """One measurement: LightGBM bagged none of it and raised; two in two groups (no tau on
+    the training rows): the NaN figure made the model unstorable; a random fold training
+    on one row raised inside the model.  Each is now an exit 2 naming what is missing, or a
+    model stored without the figure that does not exist."""
+    from support import mha_structure
+
+    url = f"sqlite:///{tmp_path / 'few.db'}"
+    graph = mha_structure("heads")
+
+    def measure(device: str, configs: list[tuple[dict, float]]) -> None:
+        with db.connect(url) as database:
+            db.record_measured_space(
+                database, program_hash="mha-small", shapes={"Q": [4, 8, 16]},
+                dtype="float16", name="mha", graph=graph, structure_hash="s" * 64,
+                structure=graph, device_key=device,
+                configs=[db.MeasuredConfig(c, "ok", t, None) for c, t in configs])
+
+    measure("cpu:A:2c", [({"g0": 4, "F": 2}, 1e-4)])
+    code, _, err = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url)
+    assert code == 2 and "fewer than 2" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_main(capsys, "model", "eval", "--split", "random", "--db", url)
+    assert code == 2 and "fold" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_main(capsys, "model", "eval", "--split", "random", "--device",
+                            "cpu:B:2c", "--db", url)
+    assert code == 2 and "'cpu:B:2c'" in err
+    measure("cpu:B:2c", [({"g0": 4, "F": 2}, 3e-4)])  # two groups of one row each
+    code, out, err = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["trained"] and "kendall_tau" not in result["train_metrics"]
+    code, _, err = run_main(capsys, "model", "eval", "--split", "random", "--db", url)
+    assert code == 2 and "would train on 1" in err

@@ -98,6 +98,34 @@ def test_a_malformed_dataset_exits_2_names_the_line_and_writes_nothing(capsys, t
     assert code == 2 and "x.jsonl.gz" in err
 
 
+def test_a_config_the_structure_cannot_take_is_refused_at_its_line(capsys, tmp_path):
+    """A measurement whose config is not whole numbers, or binds other symbols than its
+    structure's, once imported fine and then failed every ``tuner model train`` after."""
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    with db.connect(src) as database:
+        _measure(database, [({"g0": 4, "F": 2}, OK, 1e-4), ({"g0": 2, "F": 4}, OK, 2e-4)])
+    good = tmp_path / "good.jsonl.gz"
+    assert run_main(capsys, "export", "dataset", str(good), "--db", src)[0] == 0
+    lines = gzip.open(good, "rt").read().splitlines()
+    dst = f"sqlite:///{tmp_path / 'dst.db'}"
+    for config, fragment in [({"g0": "4", "F": 2}, "'g0' is not a whole number"),
+                             ({"g0": 4, "Q": 2}, "binds ['Q', 'g0']"),
+                             ({"g0": 4, "F": 2.0}, "'F' is not a whole number")]:
+        last = {**json.loads(lines[-1]), "c": config}
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+        code, _, err = run_main(capsys, "import", "dataset", str(bad), "--db", dst)
+        assert code == 2 and f"bad.jsonl:{len(lines)}: " in err and fragment in err, err
+    with db.connect(dst) as database:
+        assert not db.training_rows(database)
+    # the knobs beside the symbols, or no symbols at all (the AStitch default), are configs
+    last = {**json.loads(lines[-1]), "c": {"g0": 4, "F": 2, "split": 2}}
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text("\n".join([*lines[:-1], json.dumps(last), json.dumps({**last, "c": {}})])
+                  + "\n")
+    assert run_main(capsys, "import", "dataset", str(ok), "--db", dst)[0] == 0
+
+
 def test_the_h100_sweep_imports_as_gpu_ugraph_data(capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'h100.db'}"
     code, out, err = run_main(capsys, "import", "dataset", str(SWEEP), "--db", url, "--json")

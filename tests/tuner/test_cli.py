@@ -293,3 +293,35 @@ def test_launch_hint_names_what_tuner_best_takes(tmp_path, capsys, monkeypatch):
                        "      inputs: {X: [4, 4]}\n      body: O = exp(X)\n      outputs: [O]\n",
                        str(tmp_path / "job.yaml"), base_dir=str(tmp_path))
     assert _best_spec(inline, "e") is None
+
+
+def test_best_on_a_device_without_a_kernel_names_the_devices_that_have_one(tmp_path, capsys):
+    """`tuner best --device tpu` (or `tuner.load(..., device=...)`) where the program is tuned
+    on another device once said only "no tuned kernel ... tune it with tuner launch"; and
+    `--device cuda` on a machine without a GPU was a RuntimeError traceback."""
+    import db
+    import tuner
+    from kernels import cuda_available
+    from tuner.api import InputError
+    from tuner.identity import program_key
+
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    key = program_key(load_program("softmax_rows", {"rows": 8, "cols": 8}))
+    with db.connect(url) as database:
+        pid = database.record_program(key.program_hash, key.shapes, key.dtype, "softmax_rows",
+                                      {"ops": []})
+        sid = database.record_structure(pid, "s" * 64, {"ops": []}, {"verdict": "ok"}, 1)
+        tid = database.record_trial(sid, "cpu:Elsewhere:2c", {"g0": 2})
+        database.update_best(database.record_measurement(tid, "ok", median_s=1e-3), "src")
+    sets = ["--set", "rows=8", "--set", "cols=8", "--db", url]
+    code, _, err = run_main(capsys, "best", "softmax_rows", *sets, "--device", "tpu")
+    line = one_line_error(err, "best")
+    assert code == 2 and "on 'tpu'" in line and "'cpu:Elsewhere:2c'" in line
+    with pytest.raises(InputError, match="it has one on 'cpu:Elsewhere:2c'"):
+        tuner.load("softmax_rows", {"rows": 8, "cols": 8}, device="tpu", url=url)
+    code, _, err = run_main(capsys, "best", "softmax_rows", "--set", "rows=16", "--set",
+                            "cols=8", "--db", url, "--device", "tpu")  # not at these shapes
+    assert code == 2 and "tuner launch" in one_line_error(err, "best")
+    if not cuda_available()[0]:
+        code, _, err = run_main(capsys, "best", "softmax_rows", *sets, "--device", "cuda")
+        assert code == 2 and "stored device key" in one_line_error(err, "best")

@@ -131,6 +131,22 @@ def test_sections_map_onto_limits_and_samplers() -> None:
     assert isinstance(job, JobSpec)
 
 
+def test_the_schema_in_docs_loads_as_written(tmp_path: Path) -> None:
+    """docs/job-file.md's full example, nulls included, is a valid job at the defaults it
+    names (``max_block_inputs: null`` and ``partition_above`` once were refused)."""
+    doc = (ROOT / "docs" / "job-file.md").read_text()
+    example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "programs").mkdir()
+    write(tmp_path, PROGRAM_FILE, "programs/my_norm.yaml")
+    job = load_job(write(tmp_path, example))
+    assert job.search.limits() == Limits()
+    assert job.search.max_block_inputs is None and job.search.time_limit_s is None
+    assert job.tuning.time_budget_s is None and job.tuning.trial_timeout_s == 60
+    assert job.tuning.seed is None and job.cluster.address is None
+    assert parse_job("programs: [lora]\nsearch: {partition_above: null}\n",
+                     "j.yaml").search.partition_above is None
+
+
 @pytest.mark.parametrize("text,line,key,fragment", MALFORMED,
                          ids=[f"{m[2]}-{i}" for i, m in enumerate(MALFORMED)])
 def test_malformed_job_gives_one_line_error(tmp_path: Path, text: str, line: int, key: str,

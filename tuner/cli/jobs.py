@@ -152,7 +152,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     import db
     from search import load_program
 
-    from ..serving import best, launch_hint, tuned_best
+    from ..serving import best, launch_hint, tuned_best, tuned_elsewhere
 
     program = load_program(args.program, parse_pairs(args.set))
     with db.connect(args.db, migrate_schema=False) as database:
@@ -160,7 +160,8 @@ def cmd_best(args: argparse.Namespace) -> int:
         if record is None and not args.set:  # tuned only at other shapes? (issue 10, item 6)
             program, record = _best_at_stored_shapes(args, program, database)
         if record is None:
-            raise InputError(launch_hint(program.name, program.inputs))
+            raise InputError(launch_hint(program.name, program.inputs, args.device,
+                                         tuned_elsewhere(program, args.device, database)))
         timings = sum(m.status == OK for m in database.measurements(record.trial_id))
         tuned_s = tuned_best(database, record.program_hash, record.shapes_key, record.dtype,
                              record.device_key) if record.library else None

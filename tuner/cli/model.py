@@ -130,7 +130,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         m = out["train_metrics"]
         print(f"model {out['model_id']} ({out['kind']}, device {out['device_key']}): trained on "
               f"{out['rows']} measurements of {out['programs']} programs in {out['seconds']} s;"
-              f" on its own rows tau {m['kendall_tau']:.3f}, MAPE {m['mape']:.3f} "
+              f" on its own rows tau {m.get('kendall_tau', float('nan')):.3f}, "
+              f"MAPE {m['mape']:.3f} "
               f"(`tuner model eval` for held-out figures)")
         for device, h in out.get("held_out", {}).items():
             print(f"  held out 20% on {device}: tau {h.get('kendall_tau', float('nan')):.3f}, "

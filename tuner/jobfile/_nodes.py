@@ -74,14 +74,14 @@ class NodeReader:
                             + (" (or null)" if null else ""))
         return v
 
-    def seconds(self, node: yaml.Node, path: str) -> float | None:
+    def seconds(self, node: yaml.Node, path: str, null: bool = True) -> float | None:
         v = self.value(node)
-        if v is None:
+        if v is None and null:
             return None
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                or v <= 0:
-            raise self.fail(node, path, f"got {v!r}; write a number of seconds > 0, or null "
-                            "for no limit")
+        if v is None or isinstance(v, bool) or not isinstance(v, int | float) \
+                or not math.isfinite(v) or v <= 0:
+            raise self.fail(node, path, f"got {v!r}; write a number of seconds > 0"
+                            + (", or null for no limit" if null else ""))
         return float(v)
 
     def string(self, node: yaml.Node, path: str, hint: str) -> str:

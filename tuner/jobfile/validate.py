@@ -93,6 +93,9 @@ class _Parser(NodeReader):
         def count(node: yaml.Node, path: str) -> int | None:
             return self.integer(node, path, 1)
 
+        def count_or_null(node: yaml.Node, path: str) -> int | None:
+            return self.integer(node, path, 1, null=True)
+
         programs = self.programs(top["programs"][1])
         devices = self.devices(get("devices"))
         self.check_replay(programs, devices, top)
@@ -100,15 +103,17 @@ class _Parser(NodeReader):
             source=self.source,
             programs=programs,
             search=self.section(get("search"), "search", SearchSpec, {
-                "max_kernel_ops": count, "max_block_ops": count, "max_block_inputs": count,
+                "max_kernel_ops": count, "max_block_ops": count,
+                "max_block_inputs": count_or_null,
                 "max_grid_dims": lambda n, p: self.integer(n, p, 1, 3),
                 "block_ops": lambda n, p: self.op_list(n, p, BLOCK_LEVEL_OPS, "block"),
                 "kernel_ops": lambda n, p: self.op_list(n, p, KERNEL_LEVEL_OPS, "kernel"),
-                "time_limit_s": self.seconds, "partition_above": count,
+                "time_limit_s": self.seconds, "partition_above": count_or_null,
                 "max_piece_ops": count}),
             tuning=self.section(get("tuning"), "tuning", TuningSpec, {
                 "trials_per_structure": count, "structures": count,
-                "time_budget_s": self.seconds, "trial_timeout_s": self.seconds,
+                "time_budget_s": self.seconds,
+                "trial_timeout_s": lambda n, p: self.seconds(n, p, null=False),
                 "confirm": lambda n, p: self.integer(n, p, 0),
                 "sampler": self.sampler,
                 "seed": lambda n, p: self.integer(n, p, 0, null=True)}),

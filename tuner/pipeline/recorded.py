@@ -139,7 +139,7 @@ class RecordedSpacePipeline(ProgramPipeline):
         runner = ReplayStudyRunner(database, storage, factory, pool,
                                    trials=tuning.trials_per_structure, seed=tuning.seed or 0,
                                    deadline=self.ctx.deadline(),
-                                   timeout_s=tuning.trial_timeout_s or 60.0,
+                                   timeout_s=tuning.trial_timeout_s,
                                    on_trial=self.ctx.trial_progress(space.kernel))
         task = StudyTask(space.kernel, self.structure_id, phash, None, program, program,
                          config_space_of(space), pool.key, pool.spec,

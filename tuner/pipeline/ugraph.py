@@ -131,7 +131,7 @@ class UGraphPipeline(ProgramPipeline):
         runner = StudyRunner(database, storage, factory, pool,
                              trials=tuning.trials_per_structure, seed=tuning.seed or 0,
                              deadline=self.ctx.deadline(),
-                             timeout_s=tuning.trial_timeout_s or 60.0,
+                             timeout_s=tuning.trial_timeout_s,
                              on_trial=self.ctx.trial_progress(program.name))
         order = rank_structures([g for _, _, g in self.stored], pool.spec)
         for sid, shash, graph in [self.stored[i] for i in order[:tuning.structures]]:
@@ -147,7 +147,7 @@ class UGraphPipeline(ProgramPipeline):
         rep.baseline_s = lib_s or rep.baseline_s  # the library's median of its timings
         conf = confirm(database, pool, key, self.program_id, tuning.confirm, to_obj(reference),
                        rep.baseline_s, seed=tuning.seed or 0,
-                       timeout_s=tuning.trial_timeout_s or 60.0,
+                       timeout_s=tuning.trial_timeout_s,
                        past_deadline=runner.past_deadline)
         self.confirmed[pool.key] = conf
         rep.confirmed, rep.confirm_new, rep.best_first_s = conf.candidates, conf.new, \

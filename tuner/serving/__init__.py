@@ -14,8 +14,9 @@ from .cache import (
     load,
     resolve_device_key,
     tuned_best,
+    tuned_elsewhere,
 )
 from .status import status
 
 __all__ = ["UncertainBestWarning", "best", "bests_at_stored_shapes", "kernel_from_record", "launch_hint", "load",
-           "resolve_device_key", "status", "tuned_best"]
+           "resolve_device_key", "status", "tuned_best", "tuned_elsewhere"]

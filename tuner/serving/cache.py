@@ -34,20 +34,48 @@ def resolve_device_key(device: str | None) -> str | None:
     """``cpu`` / ``cuda`` mean this machine's device; anything else is a stored device key."""
     if device in (None, ""):
         return None
-    from kernels import DEVICE_KINDS, device_key, parse_device_name
+    from kernels import DEVICE_KINDS, cuda_available, device_key, parse_device_name
 
     try:
         kind, index = parse_device_name(device)
     except ValueError:  # a stored device key
         return device
+    if kind == "cuda" and not (usable := cuda_available())[0]:
+        raise InputError(f"device {device!r} means this machine's GPU, and none is usable "
+                         f"here ({usable[1]}); give the stored device key instead (`tuner "
+                         "status` lists them)")
     return device_key(kind, index or 0) if kind in DEVICE_KINDS else device
 
 
-def launch_hint(name: str, shapes: Mapping[str, Sequence[int]]) -> str:
+def launch_hint(name: str, shapes: Mapping[str, Sequence[int]], device: str | None = None,
+                elsewhere: Sequence[str] = ()) -> str:
+    """What to do when nothing is stored for ``name`` at ``shapes`` (on ``device``, when one
+    was asked for; ``elsewhere``: the device keys that do have a kernel of it)."""
     sets = " ".join(f"--set {k}={'x'.join(str(d) for d in v)}" for k, v in shapes.items())
+    if device and elsewhere:
+        return (f"no tuned kernel for {name} ({sets}) on {resolve_device_key(device)!r} in "
+                f"this database; it has one on {', '.join(map(repr, elsewhere))}: give one "
+                "of those as the device, or none for the fastest")
     return (f"no tuned kernel for {name} ({sets}) in this database; tune it with `tuner launch "
             f"JOB.yaml` (a job listing `{{name: {name}, set: ...}}`; see "
             "examples/quickstart.yaml)")
+
+
+def tuned_elsewhere(program: Program, device: str | None, database: db.Database | None = None,
+                    url: str | None = None) -> list[str]:
+    """The device keys with a best kernel of ``program`` at its shapes (none looked up
+    without a ``device``: then every device was asked already)."""
+    if not device:
+        return []
+    key = program_key(program)
+    own = database is None
+    database = database or db.connect(url, migrate_schema=False)
+    try:
+        return [b.device_key for b in database.best_kernels(key.program_hash, key.shapes,
+                                                              key.dtype)]
+    finally:
+        if own:
+            database.close()
 
 
 def best(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
@@ -83,7 +111,8 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
     prog = program if isinstance(program, Program) else load_program(program, overrides)
     record = best(prog, device=device, url=url, database=database)
     if record is None:
-        raise InputError(launch_hint(prog.name, prog.inputs))
+        raise InputError(launch_hint(prog.name, prog.inputs, device,
+                                     tuned_elsewhere(prog, device, database, url)))
     if record.uncertain:  # served, but never silently
         warnings.warn(f"tuner.load: the best of {prog.name} on {record.device_key} "
                       f"({record.time_s * 1e3:.3f} ms) is UNCERTAIN: {record.uncertain}; "
