@@ -245,6 +245,24 @@ def test_console_command_in_a_subprocess(graphs, tmp_path):
     assert helped.returncode == 0 and "verify" in helped.stdout
 
 
+def test_python_dash_m_tuner_is_the_console_command(tmp_path):
+    """``python -m tuner`` runs the console script's entry point: its help, its commands,
+    its exit code 2 and one-line error on bad input."""
+    cmd = [sys.executable, "-m", "tuner"]
+    helped = subprocess.run([*cmd, "--help"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=120)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: tuner ") and "launch" in helped.stdout
+    listed = subprocess.run([*cmd, "programs", "--json"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
+    assert listed.returncode == 0
+    assert [r["name"] for r in json.loads(listed.stdout)] == list(builtin_names())
+    bad = subprocess.run([*cmd, "show", "no_such_program"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert one_line_error(bad.stderr, "show")
+
+
 def test_times_and_progress_lines_read_as_they_did(capsys):
     """One formatter and one progress class print every command's times and progress lines,
     word for word what each command printed before (the lines of README's `make demo`)."""
