@@ -205,3 +205,36 @@ def test_unreadable_job_file(tmp_path: Path) -> None:
     with pytest.raises(JobError) as info:
         load_job(tmp_path / "missing.yaml")
     assert info.value.line is None and "cannot read the job file" in str(info.value)
+
+
+def test_a_device_refused_at_launch_is_an_error_at_its_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Whether this machine has the GPU a job lists is checked after validation (by the
+    launch); its refusal names the file, the line of the devices entry and the key, like
+    every other job-file error, exits 2 and creates no database."""
+    from support import one_line_error
+
+    from kernels import cuda_available
+    from tuner import cli
+    from tuner.pipeline import check_devices
+
+    ok, why = cuda_available()
+    if ok:
+        pytest.skip("this machine has a usable GPU: a cuda device is not refused")
+    listed = write(tmp_path, "programs: [lora]\ndevices:\n  - cpu\n  - cuda\n", "listed.yaml")
+    scalar = write(tmp_path, "programs: [lora]\n\ndevices: cuda:0\n", "scalar.yaml")
+    for path, line, key, dev in ((listed, 4, "devices[1]", "cuda"),
+                                 (scalar, 3, "devices", "cuda:0")):
+        with pytest.raises(JobError) as info:
+            check_devices(load_job(path))
+        assert (info.value.file, info.value.line, info.value.key) == (str(path), line, key)
+        reason = f"{dev}: the cuda device is unavailable ({why}); use 'devices: [cpu]'"
+        assert str(info.value).startswith(" ".join(f"{path}:{line}: {key}: {reason}".split()))
+    database = tmp_path / "tuner.db"
+    assert cli.main(["launch", str(listed), "--db", f"sqlite:///{database}"]) == 2
+    err = one_line_error(capsys.readouterr().err, "launch")
+    assert err.startswith(f"tuner launch: error: {listed}:4: devices[1]: cuda: the cuda "
+                          "device is unavailable (")
+    assert not database.exists()
+    # a cluster's GPUs are checked once Ray is joined: check_cluster_gpus, same error
+    assert check_devices(load_job(listed), address="ray://head:10001") is None

@@ -335,7 +335,8 @@ def test_malformed_jobs_exit_2_and_leave_the_database_unchanged(
     from kernels import cuda_available
 
     if not cuda_available()[0]:
-        cases.append(("programs: [lora]\ndevices: [cuda]\n", [], "cuda device is unavailable"))
+        cases.append(("programs: [lora]\ndevices: [cuda]\n", [],
+                      ".yaml:2: devices[0]: cuda: the cuda device is unavailable"))
     assert len(cases) >= 20
     for i, (text, flags, fragment) in enumerate(cases):
         job = tmp_path / f"bad{i}.yaml"
@@ -370,14 +371,16 @@ def test_a_cluster_without_gpus_is_refused_before_the_database(tmp_path: Path) -
     """With --address the GPUs are the cluster's: JobRun.run joins Ray and runs this check
     before it opens the database; a cluster without GPUs is an input error (exit 2)."""
     from cluster import start_ray, stop_ray
-    from tuner.api import InputError
+    from tuner.jobfile import JobError, parse_job
     from tuner.pipeline import check_cluster_gpus
 
     started = start_ray(1)
     try:
-        check_cluster_gpus(("cpu",))
-        with pytest.raises(InputError, match=r"devices\[1\]: cuda: the Ray cluster has no GPU"):
-            check_cluster_gpus(("cpu", "cuda"))
+        check_cluster_gpus(parse_job("programs: [lora]\ndevices: [cpu]\n", "cpu.yaml"))
+        with pytest.raises(JobError, match=r"^gpu.yaml:4: devices\[1\]: cuda: the Ray cluster "
+                           "has no GPU"):
+            check_cluster_gpus(parse_job("programs: [lora]\ndevices:\n  - cpu\n  - cuda\n",
+                                         "gpu.yaml"))
     finally:
         if started:
             stop_ray()

@@ -27,8 +27,13 @@ class NodeReader:
 
     # --- node helpers --------------------------------------------------------------------
 
+    @staticmethod
+    def line(node: yaml.Node | None) -> int:
+        """The job-file line an error at ``node`` names (1: the file as a whole)."""
+        return node.start_mark.line + 1 if node else 1
+
     def fail(self, node: yaml.Node | None, key: str, reason: str) -> JobError:
-        return JobError(self.source, node.start_mark.line + 1 if node else 1, key, reason)
+        return JobError(self.source, self.line(node), key, reason)
 
     def value(self, node: yaml.Node) -> Any:
         return self.loader.construct_document(node)

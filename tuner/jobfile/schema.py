@@ -114,3 +114,13 @@ class JobSpec:
     devices: tuple[str, ...] = ("cpu",)
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     database: DatabaseSpec = field(default_factory=DatabaseSpec)
+    # (key path, line) of each of ``devices`` in the job file; () where none were written
+    # there (the default [cpu], or a job built in code)
+    device_places: tuple[tuple[str, int], ...] = ()
+
+    def device_error(self, i: int, reason: str) -> JobError:
+        """The error of ``devices[i]``, checked after validation (e.g. a cuda device on a
+        machine without a GPU), at its line like every other job-file error."""
+        key, line = (self.device_places[i] if i < len(self.device_places)
+                     else (f"devices[{i}]", None))
+        return JobError(self.source, line, key, reason)

@@ -97,7 +97,7 @@ class _Parser(NodeReader):
             return self.integer(node, path, 1, null=True)
 
         programs = self.programs(top["programs"][1])
-        devices = self.devices(get("devices"))
+        devices, device_places = self.devices(get("devices"))
         self.check_replay(programs, devices, top)
         return JobSpec(
             source=self.source,
@@ -121,6 +121,7 @@ class _Parser(NodeReader):
             cluster=self.section(get("cluster"), "cluster", ClusterSpec,
                                  {"address": self.address, "workers": count}),
             database=self.database(get("database")),
+            device_places=device_places,
         )
 
     def check_replay(self, programs: tuple[ProgramEntry, ...], devices: tuple[str, ...],
@@ -333,15 +334,17 @@ class _Parser(NodeReader):
             raise self.fail(node, path, why)
         return name
 
-    def devices(self, node: yaml.Node | None) -> tuple[str, ...]:
+    def devices(self, node: yaml.Node | None
+                ) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:  # (key, line) each
         if node is None:
-            return ("cpu",)
+            return ("cpu",), ()
         items = [node] if isinstance(node, yaml.ScalarNode) else node.value \
             if isinstance(node, yaml.SequenceNode) else None
         if not items:
             raise self.fail(node, "devices", "must be a non-empty list of cpu, cuda (every "
                             "GPU) or cuda:N, e.g. [cpu]")
         devices: list[str] = []
+        places: list[tuple[str, int]] = []
         for i, item in enumerate(items):
             sub = f"devices[{i}]" if item is not node else "devices"
             dev = self.value(item)
@@ -361,7 +364,8 @@ class _Parser(NodeReader):
                 raise self.fail(item, sub, f"{dev} repeats a device already listed (cuda means "
                                 "every GPU); list each device once")
             devices.append(dev)
-        return tuple(devices)
+            places.append((sub, self.line(item)))
+        return tuple(devices), tuple(places)
 
     def address(self, node: yaml.Node, path: str) -> str | None:
         if self.is_null(node):

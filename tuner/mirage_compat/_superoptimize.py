@@ -136,7 +136,7 @@ def superoptimize(graph: KernelGraph, *, db: str | None = None, device: str | No
 
     from ..pipeline import JobRun, check_devices
 
-    check_devices((device,))
+    check_devices(job)
     say(f"{program.name}: {len(program.build().ops)} ops, {program.dtype}, on {device}; "
         f"search (limit {search_time_limit_s} s), verification, then up to "
         f"{structures} x {trials} tuning trials; results to {url}")

@@ -8,37 +8,38 @@ from typing import TYPE_CHECKING
 
 from kernels import device_kind
 
-from ..api import InputError
-
 if TYPE_CHECKING:
     from cluster import SlotPool
 
+    from ..jobfile import JobSpec
 
-def check_devices(devices: tuple[str, ...], address: str | None = None) -> None:
-    """Refuse a device this machine cannot measure on, before anything runs.  With a cluster
-    ``address`` the GPUs are the cluster's: ``check_cluster_gpus`` runs once Ray is joined."""
+
+def check_devices(job: JobSpec, address: str | None = None) -> None:
+    """Refuse a device this machine cannot measure on, before anything runs, as a job-file
+    error at the device's line (``JobSpec.device_error``).  With a cluster ``address`` the
+    GPUs are the cluster's: ``check_cluster_gpus`` runs once Ray is joined."""
     if address:
         return
-    for i, device in enumerate(devices):
+    for i, device in enumerate(job.devices):
         if device_kind(device) == "cuda":
             from kernels import cuda_available
 
             ok, why = cuda_available()
             if not ok:
-                raise InputError(f"devices[{i}]: {device}: the cuda device is unavailable "
-                                 f"({why}); use 'devices: [cpu]' or run on a GPU machine")
+                raise job.device_error(i, f"{device}: the cuda device is unavailable ({why}); "
+                                       "use 'devices: [cpu]' or run on a GPU machine")
 
 
-def check_cluster_gpus(devices: tuple[str, ...]) -> None:
+def check_cluster_gpus(job: JobSpec) -> None:
     """The joined Ray cluster must have a GPU for every cuda device of the job."""
     import ray
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    for i, device in enumerate(devices):
+    for i, device in enumerate(job.devices):
         if device_kind(device) == "cuda" and gpus < 1:
-            raise InputError(f"devices[{i}]: {device}: the Ray cluster has no GPU resource; "
-                             "start its nodes with GPUs (ray start --num-gpus N) or use "
-                             "'devices: [cpu]'")
+            raise job.device_error(i, f"{device}: the Ray cluster has no GPU resource; start "
+                                   "its nodes with GPUs (ray start --num-gpus N) or use "
+                                   "'devices: [cpu]'")
 
 
 def make_pools(devices: tuple[str, ...], log: Callable[[str], None]) -> dict[str, SlotPool]:

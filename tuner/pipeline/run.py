@@ -60,7 +60,7 @@ def prepare(path: str | Path, db_url: str | None = None, resume: bool = False,
         db.normalize_url(url)
     except (ValueError, db.DatabaseError) as err:
         raise InputError(f"database URL {url!r}: {err}") from None
-    check_devices(job.devices, address or job.cluster.address)
+    check_devices(job, address or job.cluster.address)
     if resume and not _has_job(url, job_key(job)):
         raise InputError(f"--resume: no earlier run of {path} in {url}; drop --resume to "
                          "start it")
@@ -101,7 +101,7 @@ class JobRun:
         executor, pools = None, {}
         try:
             if self.address:
-                check_cluster_gpus(self.job.devices)
+                check_cluster_gpus(self.job)
             executor = self.ctx.executor = make_executor(self.job.cluster.workers,
                                                          self.address)
             pools = make_pools(self.job.devices, self.ctx.log)
