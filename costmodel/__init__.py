@@ -27,7 +27,7 @@ from ._devices import DeviceProfile, device_profile, spec_for_key, unknown_devic
 from ._evaluate import SPLITS, cross_validate, folds
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
 from ._kinds import MODEL_KINDS, load_model, make_model
-from ._metrics import evaluate
+from ._metrics import TAU_UNDEFINED, evaluate
 from ._models import CostModel
 from ._store import (
     KT_DTYPE,
@@ -40,8 +40,8 @@ from ._store import (
 )
 
 __all__ = ["FEATURE_VERSION", "FORMAT_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_KINDS",
-           "SIZE_BUDGET_BYTES", "SPLITS", "CacheFormatError", "CostModel", "Dataset",
-           "DatasetFormatError", "DeviceProfile", "KernelTunerSpace", "Sample", "concat",
+           "SIZE_BUDGET_BYTES", "SPLITS", "TAU_UNDEFINED", "CacheFormatError", "CostModel",
+           "Dataset", "DatasetFormatError", "DeviceProfile", "KernelTunerSpace", "Sample", "concat",
            "cross_validate", "default_path", "device_profile", "evaluate", "evaluate_database",
            "export_dataset", "featurize", "featurize_params", "folds", "import_dataset",
            "import_kernel_tuner", "kernel_tuner_samples", "load_model", "make_model",

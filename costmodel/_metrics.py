@@ -17,6 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import kendalltau
 
+# Why rows have no Kendall tau (``evaluate`` gives NaN; stored metrics leave the figure out)
+TAU_UNDEFINED = "no structure has two configs measured on one device to rank"
+
 
 def group_metrics(true_s: np.ndarray, pred_s: np.ndarray) -> dict[str, float]:
     """Metrics of one group (at least 2 rows for tau)."""

@@ -145,7 +145,7 @@ def test_too_few_measurements_are_one_line_errors_not_a_model_library_traceback(
     """One measurement: LightGBM bagged none of it and raised; two in two groups (no tau on
     the training rows): the NaN figure made the model unstorable; a random fold training
     on one row raised inside the model.  Each is now an exit 2 naming what is missing, or a
-    model stored without the figure that does not exist."""
+    model stored without the figure that does not exist (and said to be undefined)."""
     from support import mha_structure
 
     url = f"sqlite:///{tmp_path / 'few.db'}"
@@ -172,5 +172,9 @@ def test_too_few_measurements_are_one_line_errors_not_a_model_library_traceback(
     assert code == 0, err
     result = json.loads(out)
     assert result["trained"] and "kendall_tau" not in result["train_metrics"]
+    # said as undefined, and why, where it printed 'tau nan'
+    code, out, _ = run_main(capsys, "model", "train", "--kind", "gbdt", "--force", "--db", url)
+    assert code == 0 and "nan" not in out
+    assert f"on its own rows tau undefined ({costmodel.TAU_UNDEFINED}), MAPE " in out
     code, _, err = run_main(capsys, "model", "eval", "--split", "random", "--db", url)
     assert code == 2 and "would train on 1" in err

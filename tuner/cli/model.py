@@ -117,6 +117,14 @@ def cmd_export_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tau(metrics: dict) -> str:
+    """A stored Kendall tau, or why there is none (the figure is left out where undefined)."""
+    from costmodel import TAU_UNDEFINED
+
+    tau = metrics.get("kendall_tau")
+    return f"undefined ({TAU_UNDEFINED})" if tau is None else f"{tau:.3f}"
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     out = models.train_model(args.db, device_key=args.device, kind=args.kind, force=args.force,
                              steps=args.steps, progress=None if args.json else _say)
@@ -130,11 +138,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         m = out["train_metrics"]
         print(f"model {out['model_id']} ({out['kind']}, device {out['device_key']}): trained on "
               f"{out['rows']} measurements of {out['programs']} programs in {out['seconds']} s;"
-              f" on its own rows tau {m.get('kendall_tau', float('nan')):.3f}, "
+              f" on its own rows tau {_tau(m)}, "
               f"MAPE {m['mape']:.3f} "
               f"(`tuner model eval` for held-out figures)")
         for device, h in out.get("held_out", {}).items():
-            print(f"  held out 20% on {device}: tau {h.get('kendall_tau', float('nan')):.3f}, "
+            print(f"  held out 20% on {device}: tau {_tau(h)}, "
                   f"MAPE {h.get('mape', float('nan')):.3f} ({h['n']} rows)")
     return 0
 
