@@ -33,6 +33,7 @@ _EXPORTS = {
     "STATUSES": "devices", "TRIAL_STATUSES": "devices", "MEASUREMENT_STATUSES": "devices",
     "Timing": "devices", "measure": "devices", "compile_cpp": "devices",
     "timing_noise": "devices", "machine_load": "devices", "verdict": "devices", "TIE_LIMIT": "devices",
+    "BUSY_SPREAD": "devices", "close_call": "devices",
     "CompileError": "devices", "nvcc_check": "devices", "nvcc_available": "devices",
     "nvrtc_check": "devices", "nvrtc_available": "devices",
     "random_inputs": "devices", "tolerance": "devices", "thread_env": "devices",

@@ -41,7 +41,7 @@ _EXPORTS = {
     "IsolatedWorker": "_isolate", "RunResult": "_isolate", "run_isolated": "_isolate",
     "compare_outputs": "_worker",
     "timing_noise": "_noise", "loaded": "_noise", "verdict": "_noise", "Verdict": "_noise",
-    "TIE_LIMIT": "_noise",
+    "TIE_LIMIT": "_noise", "BUSY_SPREAD": "_noise", "close_call": "_noise",
     "machine_load": "_cpu", "combine_cpp": "_batch",
     "measure": "_timing", "Timing": "_timing", "Clock": "_timing", "HostClock": "_timing",
     "get_device": "_registry",

@@ -16,6 +16,7 @@ timings, interleaved round by round: the lowest median of its rounds wins, and t
 *uncertain* when the re-timings were noisy or the machine loaded (the finalists themselves
 were chosen by noisy timings), or when the runner-up is within the round-to-round spread of
 the two and that spread exceeds ``TIE_LIMIT`` (a choice the timings cannot make).
+``close_call`` words that last reason; past ``BUSY_SPREAD`` it says the timings are noise.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ SPREAD_LIMIT = 0.10  # IQR / median of one timing's samples
 CPU_SHARE_MIN = 0.80  # timing thread's CPU time / wall time while sampling
 TIE_LIMIT = 0.05  # round-to-round spread of finalists that makes a close call uncertain
 NOISY_SHARE = 0.25  # fraction of noisy re-timings that makes the best uncertain
+# round-to-round spread past which timings rank nothing: (max - min) / median above 1 means
+# the slowest round took more than twice the fastest (a busy machine, not the kernels)
+BUSY_SPREAD = 1.0
 
 
 def timing_noise(timing: Mapping[str, Any] | None) -> str | None:
@@ -93,10 +97,19 @@ def verdict(rounds: Mapping[Hashable, Sequence[float]], noisy: int = 0, timings:
             continue
         spread = max(_spread(rounds[best], w), _spread(rounds[k], m))
         if spread > TIE_LIMIT and m - w <= spread * w:
-            why.append(f"the runner-up is {m / w - 1:.0%} slower, within the "
-                       f"{spread:.0%} its timings vary by")
+            why.append(close_call("the runner-up", m / w - 1, spread, "its"))
         break  # only the runner-up can be the better choice that noise hid
     return Verdict(best, w, "; ".join(why) or None, medians)
+
+
+def close_call(other: str, slower: float, spread: float, whose: str) -> str:
+    """Why ``other``, ``slower`` (a fraction) than the best, may be the faster: within the
+    round-to-round ``spread`` of ``whose`` timings; past ``BUSY_SPREAD`` that the timings,
+    more than 2x apart, say nothing about either (what to do: the caller's ``SETTLE``)."""
+    if spread > BUSY_SPREAD:
+        return (f"{other} is {slower:.0%} slower, but {whose} timings vary by more than "
+                f"{1 + BUSY_SPREAD:g}x: the machine was busy and they rank nothing")
+    return f"{other} is {slower:.0%} slower, within the {spread:.0%} {whose} timings vary by"
 
 
 def _spread(values: Sequence[float], med: float) -> float:

@@ -14,6 +14,7 @@ from kernels import config_space
 from kernels.devices import (
     CpuDevice,
     IsolatedWorker,
+    close_call,
     combine_cpp,
     compile_cpp,
     loaded,
@@ -58,6 +59,21 @@ def test_verdict_a_runner_up_within_the_noise_is_uncertain():
     # each config's rounds vary by ~40%: a 10% difference of medians settles nothing
     v = verdict({"a": [1.0, 1.4, 0.95], "b": [1.1, 1.5, 1.05]})
     assert v.best == "a" and "runner-up" in v.uncertain
+
+
+def test_verdict_words_a_moderate_spread_and_calls_an_enormous_one_noise():
+    """A runner-up within a moderate spread is named with the spread; one within a spread of
+    more than 2x (a launch under heavy load said 'within the 39833% its timings vary by') is
+    said to be noise, the machine busy.  Uncertain both times, as before."""
+    v = verdict({"a": [1.0, 1.4, 0.95], "b": [1.1, 1.5, 1.05]})  # rounds ~40% apart
+    assert v.uncertain == "the runner-up is 10% slower, within the 45% its timings vary by"
+    busy = verdict({"a": [1.0, 400.0, 0.9], "b": [1.1, 300.0, 1.05]})  # one round 400x
+    assert busy.best == "a" and busy.uncertain == (
+        "the runner-up is 10% slower, but its timings vary by more than 2x: the machine was "
+        "busy and they rank nothing")
+    assert "%" not in busy.uncertain.split("slower")[1]
+    # at exactly 2x (a spread of 100%) the percentage is still shown
+    assert close_call("x", 0.1, 1.0, "its") == "x is 10% slower, within the 100% its timings vary by"
 
 
 def test_verdict_a_close_call_on_steady_timings_is_certain():

@@ -88,7 +88,7 @@ class LibraryCandidate:
         machine, so the fastest kernel may be faster than it timed), or the fastest tuned
         kernel within the round-to-round spread of the two (beyond ``TIE_LIMIT``).  A library
         row already the best keeps the reasons it was stored with."""
-        from kernels import TIE_LIMIT
+        from kernels import TIE_LIMIT, close_call
 
         why = [w for w in (best.uncertain or "").split("; ") if w] if best is not None else []
         if best is not None and not best.library and why:
@@ -101,8 +101,8 @@ class LibraryCandidate:
         if tuned is not None and self.median_s:
             spread = max(_spread(lib), _spread(kern))
             if spread > TIE_LIMIT and tuned - self.median_s <= spread * self.median_s:
-                tie = (f"the fastest tuned kernel is {tuned / self.median_s - 1:.0%} slower, "
-                       f"within the {spread:.0%} their timings vary by")
+                tie = close_call("the fastest tuned kernel", tuned / self.median_s - 1,
+                                 spread, "their")
                 why = [w for w in why if not w.startswith("the fastest tuned kernel is ")]
                 why.append(tie)
         return "; ".join(why) or None
