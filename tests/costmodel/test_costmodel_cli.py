@@ -178,3 +178,26 @@ def test_too_few_measurements_are_one_line_errors_not_a_model_library_traceback(
     assert f"on its own rows tau undefined ({costmodel.TAU_UNDEFINED}), MAPE " in out
     code, _, err = run_main(capsys, "model", "eval", "--split", "random", "--db", url)
     assert code == 2 and "would train on 1" in err
+
+
+def test_eval_says_which_figures_are_undefined_instead_of_printing_nan(capsys, tmp_path):
+    """Leave one device out where every held-out structure has one measured config: no order
+    to rank, so tau is undefined; the table shows '-' and says why, never 'nan'."""
+    from support import mha_structure
+
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    graph = mha_structure("heads")
+    for device, scale in (("cpu:A:2c", 1.0), ("cpu:B:2c", 3.0)):
+        for n, config in enumerate(({"g0": 4, "F": 2}, {"g0": 2, "F": 4})):
+            with db.connect(url) as database:
+                db.record_measured_space(
+                    database, program_hash=f"mha-{n}", shapes={"Q": [4, 8, 16]},
+                    dtype="float16", name=f"mha{n}", graph=graph,
+                    structure_hash=str(n) * 64, structure=graph, device_key=device,
+                    configs=[db.MeasuredConfig(config, "ok", scale * (n + 1) * 1e-4, None)])
+    code, out, err = run_main(capsys, "model", "eval", "--split", "device", "--db", url)
+    assert code == 0, err
+    assert "nan" not in out
+    assert f"-: undefined ({costmodel.TAU_UNDEFINED})" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("cpu:")]
+    assert len(rows) == 2 and all(row[2] == "-" for row in rows)  # tau column

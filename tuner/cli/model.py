@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from db import DEFAULT_URL
@@ -157,18 +158,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     print(f"split {out['split']}, {out['rows']} measurements")
     print(f"  {'held out':<40} {'n':>7} {'tau':>7} {'top-1':>8} {'top-5':>7} {'MAPE':>7}")
+    undefined = False
     for f in out["folds"]:
-        print(f"  {str(f['test'])[:40]:<40} {f['n']:>7} {f['kendall_tau']:>7.3f} "
-              f"{100 * f['top1_slowdown']:>7.1f}% {f['top5_recall']:>7.2f} {f['mape']:>7.3f}")
+        print(f"  {str(f['test'])[:40]:<40} {f['n']:>7} {_metric_cells(f)}")
+        undefined |= _missing(f.get("kendall_tau"))
     for name, m in [("mean graphsage", out["mean"]), *(
             (f"mean {k}", v) for k, v in out["baselines"].items())]:
         if not m:
             print(f"  {name:<40} (cannot predict these rows)")
             continue
-        print(f"  {name:<40} {'':>7} {m.get('kendall_tau', float('nan')):>7.3f} "
-              f"{100 * m.get('top1_slowdown', float('nan')):>7.1f}% "
-              f"{m.get('top5_recall', float('nan')):>7.2f} {m.get('mape', float('nan')):>7.3f}")
+        print(f"  {name:<40} {'':>7} {_metric_cells(m)}")
+    if undefined:
+        from costmodel import TAU_UNDEFINED
+
+        print(f"  -: undefined ({TAU_UNDEFINED})")
     return 0
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _metric_cells(m: dict) -> str:
+    """tau, top-1, top-5 and MAPE of one row of `tuner model eval`, '-' where undefined."""
+    cells = []
+    for key, width, show in (("kendall_tau", 7, "{:.3f}"), ("top1_slowdown", 8, None),
+                             ("top5_recall", 7, "{:.2f}"), ("mape", 7, "{:.3f}")):
+        v = m.get(key)
+        text = "-" if _missing(v) else (f"{100 * v:.1f}%" if show is None else show.format(v))
+        cells.append(f"{text:>{width}}")
+    return " ".join(cells)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
