@@ -31,7 +31,8 @@ configs, ``consensus`` reads that from their agreement, with no measurement of t
 the model's order and each sibling's are rankers of one truth, and the three or more pairwise
 correlations identify how closely each follows it (a one-factor model); each counts by its
 factor-score weight, a sibling's times its affinity.  Same folds: 0.702 / 0.682 -> 0.713 /
-0.69x (the A6000 0.753 -> 0.813; docs/costmodel.md).  ``blend`` with the typicality weights
+0.693 (400 x 63 trees; the A6000 0.753 -> 0.813), the default model 0.703 / 0.681 -> 0.707 /
+0.688, top-1 14.9% / 12.7% -> 15.9% / 4.1% (docs/costmodel.md).  ``blend`` with the typicality weights
 stays for a device with one sibling.
 """
 
