@@ -65,9 +65,19 @@ def affinity(a: str, b: str) -> float:
 
 
 def _config_key(s: Sample) -> tuple | None:
+    """What is "the same config" on two devices: the program, the structure (the group's
+    name before its ``@device``: two structures of one program share knob names such as
+    ``F`` or ``g0`` and rank them differently) and the config."""
     if not s.config:
         return None
-    return (s.program, tuple(sorted((str(k), str(v)) for k, v in s.config.items())))
+    return (s.program, s.group.split("@", 1)[0],
+            tuple(sorted((str(k), str(v)) for k, v in s.config.items())))
+
+
+def _legacy_key(s: Sample) -> tuple | None:
+    """The key of a model stored before the structure was part of it (program and config)."""
+    key = _config_key(s)
+    return None if key is None else (key[0], key[2])
 
 
 def _standard(x: np.ndarray) -> np.ndarray:
@@ -84,6 +94,7 @@ class MeasuredRanks:
             if _config_key(s) is not None and s.seconds > 0 and math.isfinite(s.seconds):
                 rows[s.group].append(i)
         self.z: dict[tuple, dict[str, float]] = defaultdict(dict)
+        self.keyed_by = "structure"  # "program": a model stored before (``_legacy_key``)
         for idx in rows.values():
             if len(idx) < 2:
                 continue
@@ -91,7 +102,7 @@ class MeasuredRanks:
             # slow configs would otherwise outweigh its order (tau 0.676 -> 0.688, 0.661 -> 0.668)
             z = norm.ppf((rankdata([samples[i].seconds for i in idx]) - 0.5) / len(idx))
             for i, v in zip(idx, z, strict=True):
-                self.z[_config_key(samples[i])][samples[i].device] = float(v)  # type: ignore[index]
+                self.z[self._key(samples[i])][samples[i].device] = float(v)  # type: ignore[index]
         self.z = dict(self.z)
         self.agree = _agreement(self.z)
         self._weights: dict[tuple[str, str], dict[str, float]] = {}
@@ -100,9 +111,14 @@ class MeasuredRanks:
         """Unpickled (a stored model): one stored before the typicality weights derives
         them from its ranks; the weights' cache starts empty."""
         self.__dict__.update(state)
+        if "keyed_by" not in state:  # stored before the structure was part of the key
+            self.keyed_by = "program"
         if "agree" not in state:
             self.agree = _agreement(self.z)
         self._weights = {}
+
+    def _key(self, s: Sample) -> tuple | None:
+        return _config_key(s) if self.keyed_by == "structure" else _legacy_key(s)
 
     def typicality(self, program: str, device: str, exclude: str = "") -> float:
         """``device``'s mean correlation with each other training device (but ``exclude``)
@@ -137,7 +153,7 @@ class MeasuredRanks:
         did not measure it)."""
         out: dict[str, np.ndarray] = {}
         for i, s in enumerate(samples):
-            key = _config_key(s)
+            key = self._key(s)
             for device, z in (self.z.get(key, {}) if key is not None else {}).items():
                 out.setdefault(device, np.full(len(samples), np.nan))[i] = z
         return out
@@ -147,7 +163,7 @@ class MeasuredRanks:
         nan where no device of any affinity measured it)."""
         out = np.full(len(samples), np.nan)
         for i, s in enumerate(samples):
-            key = _config_key(s)
+            key = self._key(s)
             seen = self.z.get(key) if key is not None else None
             if not seen:
                 continue
@@ -169,7 +185,7 @@ def _agreement(z: dict[tuple, dict[str, float]]) -> dict[str, dict[tuple[str, st
     """Per program, per ordered pair of devices: the correlation of their normal scores over
     the configs both measured (a pair with fewer than 3 is left out)."""
     by_program: dict[str, list[dict[str, float]]] = defaultdict(list)
-    for (program, _), seen in z.items():
+    for (program, *_), seen in z.items():
         by_program[program].append(seen)
     out: dict[str, dict[tuple[str, str], float]] = {}
     for program, rows in by_program.items():

@@ -110,7 +110,8 @@ def test_a_model_stored_before_the_typicality_weights_still_ranks() -> None:
                           + space(MI250X, amd_time))
     want = ranks.ranks(space(A6000))
     old = MeasuredRanks.__new__(MeasuredRanks)
-    old.__dict__.update(z=ranks.z)  # what a pickle of the earlier class held
+    # what a pickle of the earlier class held: ranks keyed by (program, config)
+    old.__dict__.update(z={(k[0], k[2]): v for k, v in ranks.z.items()})
     again = pickle.loads(pickle.dumps(old))
     assert np.allclose(again.ranks(space(A6000)), want)
 
@@ -159,3 +160,27 @@ def test_consensus_needs_two_siblings_and_enough_configs() -> None:
     sparse[10:] = np.nan  # a sibling that measured 10 of the configs
     assert consensus(x[0], {"a": x[1], "b": sparse}, {"a": 1.0, "b": 1.0}) is None
     assert consensus(x[0], {"a": x[1], "b": x[2]}, {"a": 1.0, "b": 1.0}) is not None
+
+
+def test_two_structures_of_one_program_keep_their_own_orders() -> None:
+    """Two µGraph structures of one program share the knob names (``F``, ``g0``) but rank
+    them in opposite orders; a new device's configs of each are ranked by its siblings'
+    measurements of that structure, not of the other (one key for both mixed them)."""
+    def structure_space(device: str, structure: str, sign: int, time: bool) -> list:
+        spec = costmodel.spec_for_key(device)
+        out = []
+        for c in CONFIGS:
+            s = costmodel.featurize_params(c, ["block", "tile"], [4096], spec,
+                                           group=f"{structure}@{device}", program="p",
+                                           device=device)
+            if time:
+                s.seconds = 1e-3 * (20 + sign * (np.log2(c["block"]) + c["tile"] / 8))
+            out.append(s)
+        return out
+
+    ranks = MeasuredRanks([s for d in (A4000, A100) for st, sign in (("s1", 1), ("s2", -1))
+                           for s in structure_space(d, st, sign, True)])
+    for structure, sign in (("s1", 1), ("s2", -1)):
+        new = structure_space(A6000, structure, sign, False)
+        truth = [1e-3 * (20 + sign * (np.log2(c["block"]) + c["tile"] / 8)) for c in CONFIGS]
+        assert kendalltau(ranks.ranks(new), truth).statistic > 0.99, structure
