@@ -25,7 +25,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from ._features import DEVICE_DIM, FEATURE_VERSION, Sample
-from ._siblings import MeasuredRanks, affinity, zero_shot_shape
+from ._siblings import MeasuredRanks, affinity, blend
 
 
 class CostModel(ABC):
@@ -146,7 +146,10 @@ class LearnedModel(CostModel):
         unseen = [idx for idx in group_rows(samples) if samples[idx[0]].device not in self.devices]
         if measured is None or not unseen:
             return shape
-        return zero_shot_shape(shape, samples, measured, unseen)
+        sibling = np.full(len(samples), np.nan)
+        for idx in unseen:
+            sibling[idx] = measured.ranks([samples[i] for i in idx])
+        return blend(shape, sibling, unseen)
 
     def adapt(self, measured: Sequence[Sample]) -> dict[str, dict]:
         """Per device of ``measured`` (at least 3 configs): rank its measured configs as the

@@ -23,17 +23,10 @@ weight instead of outvoting a third.  Leave-one-GPU-out zero-shot, 400 trees of 
 EPYC, the same 12 folds: the model alone 0.567 / 0.605 tau (convolution / dedispersion), the
 affinity-weighted mean 0.688 / 0.668, with beta 0.702 / 0.682 (top-1 31.6% -> 18.7%, 15.2% ->
 12.7%); affinity x typicality 0.697 / 0.672, x typicality^2 0.702 / 0.675 (docs/costmodel.md).
-
-How much of the model's own order to keep was a constant (``BLEND``); yet the model ranks some
-GPUs nearly as well as their best sibling (convolution W6600: 0.70) and others far worse (A6000:
-0.44, where its sm_86 sibling alone gives 0.82).  Where two or more siblings measured the
-configs, ``consensus`` reads that from their agreement, with no measurement of the new device:
-the model's order and each sibling's are rankers of one truth, and the three or more pairwise
-correlations identify how closely each follows it (a one-factor model); each counts by its
-factor-score weight, a sibling's times its affinity.  Same folds: 0.702 / 0.682 -> 0.713 /
-0.693 (400 x 63 trees; the A6000 0.753 -> 0.813), the default model 0.703 / 0.681 -> 0.707 /
-0.688, top-1 14.9% / 12.7% -> 15.9% / 4.1% (docs/costmodel.md).  ``blend`` with the typicality weights
-stays for a device with one sibling.
+Tried and not kept (fifth session): the model's order and each sibling's weighted by what
+their agreement says of them (a one-factor model, no fixed ``BLEND``): tau 0.707 / 0.688 with
+the default model, but the trees, fitted to the siblings, agree with all of them and took most
+of the weight, and model-guided tuning got worse (12-row mean P 0.896 -> 0.804).
 """
 
 from __future__ import annotations
@@ -49,9 +42,6 @@ from ._devices import spec_for_key
 from ._features import Sample
 
 SAME_ARCH = 4.0  # an identical architecture's weight against 1 for the same vendor runtime
-FACTOR_MIN_ROWS = 30  # configs a group (and each pair of its rankers) needs for ``consensus``
-LOADING_CAP = 0.95  # a loading near 1 would give one ranker all the weight (0.9 .. 0.995
-# gave 0.709-0.713 / 0.693-0.695 on the folds in the module docstring)
 BLEND = 0.75  # the siblings' share of the order where they measured the config (0.5 .. 1.0
 # gave 0.661-0.690 / 0.657-0.668 on the folds above; 0.75 of 0, .25, .5, .75, 1)
 
@@ -148,16 +138,6 @@ class MeasuredRanks:
         self._weights[(program, device)] = w
         return w
 
-    def scores(self, samples: Sequence[Sample]) -> dict[str, np.ndarray]:
-        """Each training device's normal score of each sample's config (nan where that device
-        did not measure it)."""
-        out: dict[str, np.ndarray] = {}
-        for i, s in enumerate(samples):
-            key = self._key(s)
-            for device, z in (self.z.get(key, {}) if key is not None else {}).items():
-                out.setdefault(device, np.full(len(samples), np.nan))[i] = z
-        return out
-
     def ranks(self, samples: Sequence[Sample]) -> np.ndarray:
         """The other devices' weighted mean normal score of each sample's config (``weights``;
         nan where no device of any affinity measured it)."""
@@ -217,73 +197,4 @@ def blend(shape: np.ndarray, sibling: np.ndarray, groups: Sequence[np.ndarray]) 
         mixed = own.copy()
         mixed[have] = BLEND * _standard(rankdata(sibling[idx][have])) + (1 - BLEND) * own[have]
         out[idx] = mixed
-    return out
-
-
-def _normal_scores(x: np.ndarray) -> np.ndarray:
-    return norm.ppf((rankdata(x) - 0.5) / len(x))
-
-
-def loadings(corr: np.ndarray) -> np.ndarray:
-    """One-factor loadings of rankers whose pairwise correlations are ``corr`` (nan: unknown):
-    under ranker_i = loading_i x truth + its own noise, corr_ij corr_ik / corr_jk is
-    loading_i^2 for every pair (j, k) of the others; the median over those pairs, held in
-    [0.01, LOADING_CAP]."""
-    n = len(corr)
-    out = np.zeros(n)
-    for i in range(n):
-        est = [corr[i, j] * corr[i, k] / corr[j, k]
-               for j in range(n) for k in range(j + 1, n)
-               if i not in (j, k) and corr[j, k] > 0.05
-               and np.isfinite(corr[i, j] * corr[i, k] * corr[j, k])]
-        if est:
-            out[i] = math.sqrt(float(np.clip(np.median(est), 1e-4, LOADING_CAP ** 2)))
-    return out
-
-
-def consensus(shape: np.ndarray, kin: dict[str, np.ndarray], affinities: dict[str, float]
-              ) -> np.ndarray | None:
-    """One group of a device never trained on: the model's order and each same-runtime
-    sibling's measured order (normal scores, nan where it did not measure the config) as
-    rankers of one truth, each weighted by what their agreement says of it — the factor
-    score's weight loading / (1 - loading^2) (``loadings``), a sibling's times its affinity —
-    so the model counts little where it disagrees with siblings that agree with each other
-    and much where it agrees with them.  None where that is not identified: fewer than two
-    siblings or ``FACTOR_MIN_ROWS`` configs, or a pair of rankers sharing fewer."""
-    if len(kin) < 2 or len(shape) < FACTOR_MIN_ROWS:
-        return None
-    names = sorted(kin)
-    m = np.vstack([_normal_scores(shape)] + [kin[d] for d in names])
-    corr = np.eye(len(m))
-    for a in range(len(m)):
-        for b in range(a + 1, len(m)):
-            both = ~np.isnan(m[a]) & ~np.isnan(m[b])
-            if both.sum() < FACTOR_MIN_ROWS:
-                return None
-            corr[a, b] = corr[b, a] = np.corrcoef(m[a, both], m[b, both])[0, 1]
-    lam = loadings(corr)
-    weight = lam / (1 - lam ** 2) * np.array([1.0] + [affinities[d] for d in names])
-    have = ~np.isnan(m)
-    den = (have * weight[:, None]).sum(0)
-    if not (den > 0).all():
-        return None
-    return _standard(rankdata(np.where(have, m, 0.0).T @ weight / den))
-
-
-def zero_shot_shape(shape: np.ndarray, samples: Sequence[Sample], measured: MeasuredRanks,
-                    groups: Sequence[np.ndarray]) -> np.ndarray:
-    """``shape`` with each of ``groups`` (rows of a device outside ``measured``'s training)
-    ranked by ``consensus`` where it is identified, by ``blend`` with the typicality-weighted
-    siblings otherwise; the other rows as they are."""
-    sibling = np.full(len(samples), np.nan)
-    for idx in groups:
-        sibling[idx] = measured.ranks([samples[i] for i in idx])
-    out = blend(shape, sibling, groups)
-    for idx in groups:
-        device = samples[idx[0]].device
-        scores = measured.scores([samples[i] for i in idx])
-        kin = {d: z for d, z in scores.items() if d != device and affinity(device, d) > 0}
-        got = consensus(shape[idx], kin, {d: affinity(device, d) for d in kin})
-        if got is not None:
-            out[idx] = got
     return out

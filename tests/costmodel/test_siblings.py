@@ -7,7 +7,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 import costmodel
-from costmodel._siblings import MeasuredRanks, affinity, blend, consensus, loadings
+from costmodel._siblings import MeasuredRanks, affinity
 
 A4000, A6000, A100 = ("replay:NVIDIA RTX A4000", "replay:NVIDIA RTX A6000",
                       "replay:NVIDIA A100-PCIE-40GB")
@@ -114,52 +114,6 @@ def test_a_model_stored_before_the_typicality_weights_still_ranks() -> None:
     old.__dict__.update(z={(k[0], k[2]): v for k, v in ranks.z.items()})
     again = pickle.loads(pickle.dumps(old))
     assert np.allclose(again.ranks(space(A6000)), want)
-
-
-def test_loadings_recover_how_closely_each_ranker_follows_the_truth() -> None:
-    rng = np.random.default_rng(0)
-    truth = rng.normal(size=20000)
-    want = np.array([0.9, 0.7, 0.5, 0.3])
-    rankers = np.array([w * truth + np.sqrt(1 - w * w) * rng.normal(size=truth.size)
-                        for w in want])
-    got = loadings(np.corrcoef(rankers))
-    assert np.abs(got - want).max() < 0.03
-
-
-def test_the_model_counts_little_where_it_disagrees_with_siblings_that_agree() -> None:
-    """Two siblings that follow the new GPU closely and a model order that mostly does not
-    (a GPU unlike those it trained on): the consensus ranks nearly as the siblings do, where
-    the fixed 0.75 / 0.25 blend kept a quarter of the model's order; where the model agrees
-    with noisier siblings it counts as much as they do and the consensus beats each one."""
-    rng = np.random.default_rng(1)
-    truth = rng.normal(size=3000)
-
-    def ranker(loading: float) -> np.ndarray:
-        return loading * truth + np.sqrt(1 - loading ** 2) * rng.normal(size=truth.size)
-
-    siblings = {"a": ranker(0.95), "b": ranker(0.95)}
-    model = ranker(0.4)
-    mixed = consensus(model, siblings, {"a": 1.0, "b": 1.0})
-    fixed = blend(model, (siblings["a"] + siblings["b"]) / 2, [np.arange(truth.size)])
-    tau = {k: kendalltau(v, truth).statistic for k, v in (("consensus", mixed),
-                                                            ("blend", fixed))}
-    assert tau["consensus"] > tau["blend"] + 0.05
-    noisy = {"a": ranker(0.7), "b": ranker(0.7)}
-    good = ranker(0.9)
-    mixed = consensus(good, noisy, {"a": 1.0, "b": 1.0})
-    assert kendalltau(mixed, truth).statistic > max(
-        kendalltau(v, truth).statistic for v in (*noisy.values(), good))
-
-
-def test_consensus_needs_two_siblings_and_enough_configs() -> None:
-    rng = np.random.default_rng(2)
-    x = rng.normal(size=(3, 100))
-    assert consensus(x[0], {"a": x[1]}, {"a": 1.0}) is None  # one sibling: not identified
-    assert consensus(x[0, :10], {"a": x[1, :10], "b": x[2, :10]}, {"a": 1.0, "b": 1.0}) is None
-    sparse = x[2].copy()
-    sparse[10:] = np.nan  # a sibling that measured 10 of the configs
-    assert consensus(x[0], {"a": x[1], "b": sparse}, {"a": 1.0, "b": 1.0}) is None
-    assert consensus(x[0], {"a": x[1], "b": x[2]}, {"a": 1.0, "b": 1.0}) is not None
 
 
 def test_two_structures_of_one_program_keep_their_own_orders() -> None:
