@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/costmodel.py [--caches DIR] [--spaces convolution,dedispersion]
         [--splits device,random,fewshot] [--models roofline,gbdt,graphsage] [--steps 3000]
-        [--sweep FILE.jsonl.gz ...] [--dataset FILE.jsonl.gz ...] [--program-folds K]
-        [--gbdt-options JSON] [--shots 16] [--json OUT]
+        [--sweep FILE.jsonl.gz ...] [--dataset FILE.jsonl.gz ...] [--together]
+        [--dataset-splits program,device] [--program-folds K] [--gbdt-options JSON]
+        [--shots 16] [--json OUT]
 
 For every Kernel Tuner space (one kernel, six GPUs: ``../shared/data/kernel_tuner_caches``)
 and every split, trains each model on the training rows of each fold and scores the held-out
@@ -11,7 +12,9 @@ rows (``costmodel.cross_validate``): mean Kendall tau and top-1 slowdown per spa
 on one GPU), top-5 recall, MAPE.  ``--split device`` is leave-one-GPU-out, the issue's main
 figure; ``random`` holds out 20% of rows.  ``--sweep`` adds our own measured kernels (files of
 ``benchmarks/sweep.py``) as one more dataset, split by program; ``--dataset`` a dataset file
-(``tuner export dataset``: our CPU measurements), split by program.  ``fewshot``: per held-out
+(``tuner export dataset``: our CPU measurements), split by program (``--dataset-splits``;
+``--together`` takes the files as one dataset, so ``device`` holds one CPU out and ranks its
+configs from the other CPUs' measurements of the same programs).  ``fewshot``: per held-out
 GPU, the default model (``--fewshot-model``, gbdt) trained on the other GPUs, zero-shot and
 after ``--shots`` configs of the held-out GPU chosen and measured by the model-guided rule
 (``benchmarks/strategies.py``: ``sampler: model``'s), scored on the rest of its space.  Ends
@@ -59,8 +62,12 @@ def datasets(args) -> dict[str, list]:
         out[space] = concat(*(kernel_tuner_samples(read_kernel_tuner(f)) for f in files))
     for path in args.sweep:
         out[Path(path).name] = list(sweep_samples(path))
-    for path in args.dataset:
-        out[Path(path).name] = dataset_samples(path)
+    if args.together and args.dataset:
+        out[" + ".join(Path(p).name for p in args.dataset)] = concat(
+            *(dataset_samples(p) for p in args.dataset))
+    else:
+        for path in args.dataset:
+            out[Path(path).name] = dataset_samples(path)
     return out
 
 
@@ -146,6 +153,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6000, help="GraphSAGE training steps")
     ap.add_argument("--sweep", nargs="*", default=[], help="benchmarks/sweep.py outputs")
     ap.add_argument("--dataset", nargs="*", default=[], help="dataset files (CPU)")
+    ap.add_argument("--together", action="store_true",
+                    help="the --dataset files as one dataset (e.g. two CPUs' files)")
+    ap.add_argument("--dataset-splits", default="program",
+                    help="splits of the --dataset data: program, device (leave one CPU out)")
     ap.add_argument("--shots", type=int, default=16)
     ap.add_argument("--fewshot-model", default="gbdt")
     ap.add_argument("--program-folds", type=int, default=None, metavar="K",
@@ -162,9 +173,11 @@ def main() -> None:
     print(f"CPU: {cpu_name()}")
     report = {"cpu": cpu_name(), "results": [], "throughput": {}}
     data = datasets(args)
+    dataset_names = set(data) - set(args.spaces.split(",")) - {Path(p).name for p in args.sweep}
     table = []
     for name, samples in data.items():
-        splits = args.splits.split(",") if name in args.spaces.split(",") else ["program"]
+        splits = (args.splits.split(",") if name in args.spaces.split(",")
+                  else args.dataset_splits.split(",") if name in dataset_names else ["program"])
         for split in splits:
             if split == "fewshot":
                 res = fewshot(name, Path(args.caches), args.fewshot_model, args.shots,
