@@ -182,10 +182,10 @@ def _missing(value) -> bool:
 def _metric_cells(m: dict) -> str:
     """tau, top-1, top-5 and MAPE of one row of `tuner model eval`, '-' where undefined."""
     cells = []
-    for key, width, show in (("kendall_tau", 7, "{:.3f}"), ("top1_slowdown", 8, None),
+    for key, width, show in (("kendall_tau", 7, "{:.3f}"), ("top1_slowdown", 8, "{:.1%}"),
                              ("top5_recall", 7, "{:.2f}"), ("mape", 7, "{:.3f}")):
         v = m.get(key)
-        text = "-" if _missing(v) else (f"{100 * v:.1f}%" if show is None else show.format(v))
+        text = "-" if _missing(v) else show.format(v)
         cells.append(f"{text:>{width}}")
     return " ".join(cells)
 
