@@ -73,13 +73,18 @@ def test_export_appends_import_is_idempotent_and_round_trips(capsys, tmp_path):
     assert code == 0 and json.loads(out)["added"] == 0
 
 
-def test_a_malformed_dataset_exits_2_names_the_line_and_writes_nothing(capsys, tmp_path):
+def _exported_pair(capsys, tmp_path) -> tuple:
+    """A dataset file of two measured configs, exported as a user would, and its lines."""
     src = f"sqlite:///{tmp_path / 'src.db'}"
     with db.connect(src) as database:
         _measure(database, [({"g0": 4, "F": 2}, OK, 1e-4), ({"g0": 2, "F": 4}, OK, 2e-4)])
     good = tmp_path / "good.jsonl.gz"
     assert run_main(capsys, "export", "dataset", str(good), "--db", src)[0] == 0
-    lines = gzip.open(good, "rt").read().splitlines()
+    return good, gzip.open(good, "rt").read().splitlines()
+
+
+def test_a_malformed_dataset_exits_2_names_the_line_and_writes_nothing(capsys, tmp_path):
+    good, lines = _exported_pair(capsys, tmp_path)
     last = json.loads(lines[-1])
     last["st"] = "fast"
     bad = tmp_path / "bad.jsonl.gz"
@@ -101,12 +106,7 @@ def test_a_malformed_dataset_exits_2_names_the_line_and_writes_nothing(capsys, t
 def test_a_config_the_structure_cannot_take_is_refused_at_its_line(capsys, tmp_path):
     """A measurement whose config is not whole numbers, or binds other symbols than its
     structure's, once imported fine and then failed every ``tuner model train`` after."""
-    src = f"sqlite:///{tmp_path / 'src.db'}"
-    with db.connect(src) as database:
-        _measure(database, [({"g0": 4, "F": 2}, OK, 1e-4), ({"g0": 2, "F": 4}, OK, 2e-4)])
-    good = tmp_path / "good.jsonl.gz"
-    assert run_main(capsys, "export", "dataset", str(good), "--db", src)[0] == 0
-    lines = gzip.open(good, "rt").read().splitlines()
+    good, lines = _exported_pair(capsys, tmp_path)
     dst = f"sqlite:///{tmp_path / 'dst.db'}"
     for config, fragment in [({"g0": "4", "F": 2}, "'g0' is not a whole number"),
                              ({"g0": 4, "Q": 2}, "binds ['Q', 'g0']"),

@@ -138,3 +138,14 @@ def test_two_structures_of_one_program_keep_their_own_orders() -> None:
         new = structure_space(A6000, structure, sign, False)
         truth = [1e-3 * (20 + sign * (np.log2(c["block"]) + c["tile"] / 8)) for c in CONFIGS]
         assert kendalltau(ranks.ranks(new), truth).statistic > 0.99, structure
+
+
+def test_a_known_device_keeps_its_own_prediction_beside_a_new_one() -> None:
+    """Predicting a trained-on GPU's configs together with a new GPU's gives the trained-on
+    GPU what it gets alone: only the new device's groups take the siblings' order (the mixed
+    call re-ranked every group before)."""
+    model = costmodel.make_model("gbdt", trees=40, leaves=7, shape_objective="regression")
+    model.fit(space(A4000, nvidia_time) + space(A100, nvidia_time) + space(MI250X, amd_time))
+    alone = model.predict(space(A4000))
+    together = model.predict(space(A4000) + space(A6000))
+    assert np.allclose(together[:len(CONFIGS)], alone)
