@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from kernels.hardware import DeviceSpec, cpu_simd
 
-from ._plan import Access, Kernel, KernelPlan, Let, Loop, Store
+from ._plan import Access, Kernel, KernelPlan, Let, Level, Loop, Store
 
 STREAM_ROW_MIN, STREAM_ROW_MAX = 16, 16384  # columns of a row streamed via a buffer
 PREFETCH_MIN_L2S = 8  # inputs of this many L2 caches or more stream from memory: prefetch
@@ -277,4 +277,20 @@ def _joins(k: Kernel, group: list[Loop], lp: Loop) -> bool:
                                                                   strict=False) if n > 1):
                 return False
     mine = {buffer_of[st.access.view] for st in (*lp.col, *lp.row) if isinstance(st, Store)}
-    return not any(buffer_of[v] in mine for x in group for v, _ in _accesses(x))
+    return not any(_overlap(k, buffer_of[v], m) for x in group for v, _ in _accesses(x)
+                   for m in mine)
+
+
+def _overlap(k: Kernel, a: str, b: str) -> bool:
+    """Whether buffers ``a`` and ``b`` share memory: the same buffer, or shared-memory space
+    ``plan_shared`` gave to both because their lifetimes, counted in loops, do not meet.  A
+    joined loop runs inside its group's walk over the rows, so a later loop's buffer placed
+    over one the group still reads would overwrite it a row at a time (a column sum read at
+    every row, then a row-norm's tile over it: wrong results)."""
+    if a == b:
+        return True
+    x, y = k.buffers.get(a), k.buffers.get(b)
+    if x is None or y is None or x.level is not Level.REGIONAL \
+            or y.level is not Level.REGIONAL:
+        return False
+    return x.offset < y.offset + y.nbytes and y.offset < x.offset + x.nbytes

@@ -19,6 +19,7 @@ from support import build_cpu, check_plan
 from kernels import IsolatedWorker, compile_cpp, local_cpu_spec, lower, render
 from kernels.rendering import EXP_F
 from search import handwritten, load_program
+from search.ir.serialize import from_obj
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,28 @@ def test_streamed_output_rows_match_whatever_their_alignment(rows, cols, worker)
     streamed = cols <= STREAM_ROW_MAX
     assert ("stream_row(out_" in res.source) == streamed
     assert ("stream_fence();" in res.source) == streamed
+
+
+def _colsum_then_two_norms(dtype: str):
+    """X + rms_norm(rms_norm(sum(X, 0) * X)) in one block: the column sum is read at every
+    row of the walk the two norms join, and shared memory reuses its space for the first
+    norm's output (random_1104 of the dataset, wrong on every structure before the fix)."""
+    ops = [{"op": "input", "index": 0, "imap": [-1, -1, -1], "fmap": -1},
+           {"op": "sum", "in": [0], "dim": 0}, {"op": "accum", "in": [1], "kind": "no_red"},
+           {"op": "mul", "in": [2, 0]}, {"op": "rms_norm", "in": [3]},
+           {"op": "rms_norm", "in": [4]}, {"op": "add", "in": [5, 0]},
+           {"op": "output", "in": [6], "omap": [-1, -1, -1]}]
+    return from_obj({"format": "tuner.mugraph/1", "ops": [
+        {"op": "input", "name": "X", "shape": [48, 12], "dtype": dtype},
+        {"op": "graph_kernel", "in": [0], "block_graph": {
+            "grid": [1, 1, 1], "block": [128, 1, 1], "forloop_range": 1, "ops": ops}},
+        {"op": "output", "in": [1]}]})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_joined_walk_never_writes_over_a_tile_it_still_reads(dtype, worker):
+    res = build_cpu(_colsum_then_two_norms(dtype), name="colsum_norms", worker=worker)
+    assert res.status == "ok", res.message
 
 
 def test_small_kernels_do_not_stream(worker):
