@@ -2,8 +2,8 @@
 tuning.
 
     .venv/bin/python benchmarks/costmodel_cpu.py [--dataset FILE.jsonl.gz] [--folds 5]
-        [--trees 300] [--leaves 63] [--parts collisions,variance,noise,curve,level,mape_parts]
-        [--json OUT]
+        [--trees 300] [--leaves 63] [--parts collisions,variance,noise,curve,more,level,
+        mape_parts] [--extra FILE.jsonl.gz] [--extra-counts 0,125,250,500,1000000] [--json OUT]
 
 On the dataset file (``tuner export dataset``: our CPU measurements), through the same samples
 ``benchmarks/costmodel.py --dataset`` scores:
@@ -20,6 +20,10 @@ On the dataset file (``tuner export dataset``: our CPU measurements), through th
   training programs (the same folds as ``benchmarks/costmodel.py --program-folds K``);
 - ``level``: the log-residual sd of the level (gbdt) and of the roofline on held-out programs,
   and the MAPE each gives;
+- ``more``: with ``--extra FILE`` (a dataset file of other programs on the same CPU), the
+  held-out figures of the *same* folds of ``--dataset``'s programs as the training programs
+  grow by the first N of the extra file's programs (``--extra-counts``, a seeded order): the
+  learning curve measured with new programs rather than extrapolated from fewer;
 - ``mape_parts``: the held-out MAPE as predicted, with each structure's true mean log time
   given (what a perfect level leaves to the order), and with the truth's order and spread
   inside each structure (what the level alone costs).
@@ -123,6 +127,33 @@ def held_out(samples, k: int, options: dict, fraction: float = 1.0) -> tuple[dic
     return mean, per
 
 
+def more_programs(samples, extra, k: int, options: dict, counts: list[int]) -> dict:
+    """Held-out metrics on ``samples``' program folds, trained on each fold's training programs
+    plus the first N programs of ``extra`` (those not in ``samples``), for N in ``counts``."""
+    known = {s.program for s in samples}
+    extra = [s for s in extra if s.program not in known]
+    order = list(np.random.default_rng(0).permutation(sorted({s.program for s in extra})))
+    splits = folds(samples, "program", 0, k)
+    out: dict = {"extra_programs": len(order)}
+    for n in counts:
+        keep = set(order[:n])
+        added = [s for s in extra if s.program in keep]
+        res = []
+        for _, train, test in splits:
+            te = [samples[i] for i in test]
+            model = make_model("gbdt", **options)
+            model.fit([samples[i] for i in train] + added)
+            res.append(evaluate([s.group for s in te], np.array([s.seconds for s in te]),
+                                model.predict(te)))
+        out[str(min(n, len(order)))] = {
+            "added_rows": len(added),
+            **{m: float(np.mean([r[m] for r in res]))
+               for m in ("kendall_tau", "top1_slowdown", "top5_recall", "mape")}}
+        print(f"+{min(n, len(order))} programs ({len(added)} rows):", out[str(min(n, len(order)))],
+              flush=True)
+    return out
+
+
 def mape_parts(samples, k: int, options: dict) -> dict:
     """Held-out MAPE taken apart: as predicted; with each structure's mean log time given
     (the model's order and spread inside it: what a perfect level would leave); and with the
@@ -181,14 +212,20 @@ def main() -> None:
     ap.add_argument("--trees", type=int, default=300)
     ap.add_argument("--leaves", type=int, default=63)
     ap.add_argument("--parts", default="all", help="comma list of collisions, variance, "
-                    "noise, curve, level, mape_parts (default: all)")
+                    "noise, curve, more, level, mape_parts (default: all; 'more' needs --extra)")
+    ap.add_argument("--extra", help="a dataset file of other programs (part 'more')")
+    ap.add_argument("--extra-counts", default="0,125,250,500,1000000",
+                    help="extra programs added to each fold's training programs (part 'more')")
     ap.add_argument("--json")
     args = ap.parse_args()
     wanted = set(args.parts.split(","))
-    known = {"all", "collisions", "variance", "noise", "curve", "level", "mape_parts"}
+    known = {"all", "collisions", "variance", "noise", "curve", "more", "level", "mape_parts"}
     if wanted - known:
         ap.error(f"--parts: unknown {', '.join(sorted(wanted - known))}; use a comma list of "
                  f"{', '.join(sorted(known))}")
+
+    if "more" in wanted and not args.extra:
+        ap.error("--parts more needs --extra FILE (a dataset file of other programs)")
 
     def run(part: str) -> bool:
         return "all" in wanted or part in wanted
@@ -221,6 +258,10 @@ def main() -> None:
                 print("held-out tau by within-structure spread:", report["by_spread"],
                       flush=True)
         report["learning_curve"] = curve
+    if run("more") and args.extra:
+        report["more_programs"] = more_programs(
+            samples, _dataset_samples(args.extra), args.folds, options,
+            [int(n) for n in args.extra_counts.split(",")])
     if run("level"):
         report["level"] = level(samples, args.folds, options)
         print("level on held-out programs:", report["level"], flush=True)
