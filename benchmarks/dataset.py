@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/dataset.py [--db URL] [--count N] [--seed S] [--trials K]
         [--structures 3] [--minutes M] [--search-seconds 20] [--confirm 0] [--json] [--verbose]
-        [--path fast|launch] [--out FILE|default]
+        [--path fast|launch] [--out FILE|default] [--programs suite|NAME,...]
 
 Program ``i`` is ``search.random_program(S + i)`` (1-8 ops of the op table, drawn only where
 its float reference stays finite: ``verifier.well_conditioned``).  Each one is a job of its
@@ -19,6 +19,11 @@ crowds round its best) are measured as one batch (``Device.run_trials``: one tra
 unit per compiler call, parallel compilers, one worker job per library; the same checks and
 timing loop as a trial) and stored in one transaction (``db.record_trials``) as soon as the
 batch is timed.  ``--path launch`` runs each program as a ``tuner launch`` job (below).
+
+``--programs`` measures built-in programs at their default shapes instead of random ones:
+``suite`` (the benchmark suite, ``search.SUITE``) or a comma list of names (``tuner list``);
+``--seed`` then seeds only the configs drawn.  The dataset is meant to hold the suite beside
+the random programs: the programs users tune.
 
 Resumable: a program whose job is ``finished`` in that database is skipped; a killed run
 loses at most the program in flight (its next run resumes that job: finished shards and
@@ -84,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="append this run's database rows that FILE lacks to the dataset file "
                         "at the end (costmodel.export_dataset; 'default': "
                         "benchmarks/data/dataset_<cpu>.jsonl.gz)")
+    p.add_argument("--programs", metavar="suite|NAME,...",
+                   help="built-in programs at their default shapes instead of random ones: "
+                        "'suite' (search.SUITE) or a comma list of names")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--verbose", action="store_true", help="the launch's own log on stderr")
     args = p.parse_args(argv)
@@ -95,6 +103,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not getattr(args, name) > 0:
             raise ArgumentError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be "
                                 "a positive number")
+    if args.programs is not None:
+        from search import SUITE, builtin_names
+
+        names = list(SUITE) if args.programs == "suite" else \
+            [n.strip() for n in args.programs.split(",") if n.strip()]
+        unknown = [n for n in names if n not in builtin_names()]
+        if unknown or not names:
+            raise ArgumentError(f"--programs {args.programs!r}: unknown program(s) "
+                                f"{', '.join(unknown) or '(none given)'}; use 'suite' or names "
+                                f"of {', '.join(builtin_names())}")
+        args.programs = names
     if args.out is not None and dataset_writer() is None:
         raise ArgumentError("--out: this checkout has no dataset file writer "
                             "(costmodel.export_dataset); store to --db and export later")
@@ -125,10 +144,26 @@ def export(args: argparse.Namespace) -> dict | None:
     return {"file": str(path), **(out if isinstance(out, dict) else {})}
 
 
-def job_text(seed: int, args: argparse.Namespace) -> str:
-    """The job file of program ``seed``: what ``tuner launch`` would be given."""
-    doc = random_program_doc(seed, accept=lambda p: well_conditioned(p.build()))
-    job = {"programs": [{"program": doc}],
+def work(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """(program label, seed) of every program this run measures, in order: the random
+    programs of ``--seed`` on, or the ``--programs`` named (seeded from ``--seed``)."""
+    if args.programs:
+        return [(name, args.seed + i) for i, name in enumerate(args.programs)]
+    return [(f"random_{s}", s) for s in range(args.seed, args.seed + args.count)]
+
+
+def job_source(seed: int, name: str | None = None) -> str:
+    """The name a program's job is known by (its key's prefix): ``dataset-s<seed>.yaml`` for
+    a random program, ``dataset-<name>.yaml`` for a built-in one."""
+    return f"dataset-{name or f's{seed}'}.yaml"
+
+
+def job_text(seed: int, args: argparse.Namespace, name: str | None = None) -> str:
+    """The job file of random program ``seed``, or of built-in program ``name`` (its config
+    draws seeded by ``seed``): what ``tuner launch`` would be given."""
+    program = name if name else \
+        {"program": random_program_doc(seed, accept=lambda p: well_conditioned(p.build()))}
+    job = {"programs": [program],
            "search": {"time_limit_s": args.search_seconds},
            "tuning": {"trials_per_structure": args.trials, "structures": args.structures,
                       "confirm": args.confirm, "seed": seed, "trial_timeout_s": 30},
@@ -213,15 +248,16 @@ class Tally:
     def per_hour(self) -> float:
         return self.new / self.elapsed_s * 3600 if self.elapsed_s > 0 else 0.0
 
-    def error(self, seed: int, err: Exception) -> None:
+    def error(self, label: str, seed: int, err: Exception) -> None:
         """Count and keep a program's failure (a bug in the pipeline), and say it."""
         self.errors += 1
-        self.failures.append({"seed": seed, "error": f"{type(err).__name__}: {err}",
+        self.failures.append({"program": label, "seed": seed, "error": f"{type(err).__name__}: {err}",
                               "where": traceback.format_exc().splitlines()[-3:]})
-        print(self.line(seed, f"ERROR {type(err).__name__}: {err}"), file=sys.stderr, flush=True)
+        print(self.line(label, f"ERROR {type(err).__name__}: {err}"), file=sys.stderr,
+              flush=True)
 
-    def line(self, seed: int, what: str) -> str:
-        return (f"[{self.elapsed_s / 60:5.1f} min] random_{seed}: {what} | programs "
+    def line(self, label: str, what: str) -> str:
+        return (f"[{self.elapsed_s / 60:5.1f} min] {label}: {what} | programs "
                 f"{self.programs} (+{self.skipped} done before, {self.errors} errors)  "
                 f"measurements {self.new} (ok {self.statuses['ok']})  "
                 f"{self.per_hour():,.0f}/h")
@@ -253,8 +289,9 @@ def sample_configs(space, n: int, seed: int) -> list[dict[str, int]]:
 
 
 def fast_program(seed: int, args: argparse.Namespace, database, device, worker,
-                 deadline: float, phases: Counter) -> tuple[int, int, int]:
-    """Program ``seed`` through search and batched measurement; (structures verified, tuned,
+                 deadline: float, phases: Counter, name: str | None = None
+                 ) -> tuple[int, int, int]:
+    """Program ``seed`` (or built-in ``name``) through search and batched measurement; (structures verified, tuned,
     configs measured now); the seconds of each phase are added to ``phases``.  A program
     already ``finished`` is not given here."""
     from cluster.runtime import LocalExecutor
@@ -267,8 +304,8 @@ def fast_program(seed: int, args: argparse.Namespace, database, device, worker,
         structure_verification,
     )
 
-    source = f"dataset-s{seed}.yaml"
-    job = parse_job(job_text(seed, args), source, base_dir=ROOT)
+    source = job_source(seed, name)
+    job = parse_job(job_text(seed, args, name), source, base_dir=ROOT)
     record = database.start_job(fast_key(job), source)
     program = job.programs[0].program
     reference = program.build()
@@ -342,25 +379,26 @@ def run_fast(args: argparse.Namespace) -> dict:
     tally = Tally(args.db)
     device = get_device("cpu")
     with IsolatedWorker() as worker, db.connect(args.db) as database:
-        for seed in range(args.seed, args.seed + args.count):
+        for label, seed in work(args):
             if time.time() >= deadline:
                 break
-            job = parse_job(job_text(seed, args), f"dataset-s{seed}.yaml", base_dir=ROOT)
+            name = label if args.programs else None
+            job = parse_job(job_text(seed, args, name), job_source(seed, name), base_dir=ROOT)
             if fast_key(job) in done:
                 tally.skipped += 1
                 continue
             try:
                 found, tuned, measured = fast_program(seed, args, database, device, worker,
-                                                      deadline, tally.phases)
+                                                      deadline, tally.phases, name)
             except KeyboardInterrupt:
                 raise
             except Exception as err:  # a bug in the pipeline: record it, go on
-                tally.error(seed, err)
+                tally.error(label, seed, err)
                 continue
             tally.found += found
             tally.tuned += tuned
             tally.count()
-            print(tally.line(seed, f"{len(compute_ops_of(job))} ops, {found} verified, "
+            print(tally.line(label, f"{len(compute_ops_of(job))} ops, {found} verified, "
                              f"{tuned} tuned, {measured} measured"), file=sys.stderr, flush=True)
     return summary(args, tally)
 
@@ -375,11 +413,12 @@ def run_launch(args: argparse.Namespace) -> dict:
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else None
     started = False
     try:
-        for seed in range(args.seed, args.seed + args.count):
+        for label, seed in work(args):
             if time.time() >= deadline:
                 break
-            source = f"dataset-s{seed}.yaml"
-            job = parse_job(job_text(seed, args), source, base_dir=ROOT)
+            name = label if args.programs else None
+            source = job_source(seed, name)
+            job = parse_job(job_text(seed, args, name), source, base_dir=ROOT)
             if job_key(job) in done:
                 tally.skipped += 1
                 continue
@@ -391,14 +430,14 @@ def run_launch(args: argparse.Namespace) -> dict:
             except KeyboardInterrupt:
                 raise
             except Exception as err:  # a bug in the pipeline: record it, go on
-                tally.error(seed, err)
+                tally.error(label, seed, err)
                 continue
             if time.time() >= deadline:  # the budget cut its tuning: resume it next run
                 with db.connect(args.db) as database:
                     database.finish_job(result.job_id, "interrupted")
             tally.add(result.reports)
             rep = result.reports[0]
-            print(tally.line(seed, f"{len(compute_ops_of(job))} ops, {rep.structures_found} "
+            print(tally.line(label, f"{len(compute_ops_of(job))} ops, {rep.structures_found} "
                              f"verified, {rep.structures_tuned} tuned, {rep.new_trials} "
                              "measured"), file=sys.stderr, flush=True)
     finally:
@@ -411,7 +450,8 @@ def summary(args: argparse.Namespace, tally: Tally) -> dict:
     in_db = measurement_counts(args.db)
     failed = sum(n for s, n in tally.statuses.items() if s != "ok")
     return {"database": args.db, "cpu": cpu_name(), "cores": os.cpu_count(),
-            "first_seed": args.seed, "programs": tally.programs,
+            "first_seed": args.seed, "named_programs": args.programs or [],
+            "programs": tally.programs,
             "programs_done_before": tally.skipped, "program_errors": tally.errors,
             "structures_verified": tally.found, "structures_tuned": tally.tuned,
             "measurements": tally.new, "ok": tally.statuses["ok"], "failed": failed,

@@ -26,6 +26,7 @@ def dataset(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (["--db", "mysql://u@h/x"], "unsupported database"),
     (["--trials", "many"], "invalid int value"),
     (["--bogus"], "unrecognized arguments"),
+    (["--programs", "gated_mlp,nope"], "--programs 'gated_mlp,nope': unknown program(s) nope"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(args, fragment, tmp_path):
     res = dataset(*args)
@@ -57,3 +58,18 @@ def test_a_small_run_stores_measurements_and_a_second_run_skips_it(tmp_path):
     again = json.loads(dataset(*args).stdout)
     assert again["programs"] == 0 and again["programs_done_before"] == 1
     assert again["measurements"] == 0 and again["ok_rows_in_database"] == out["ok"]
+
+
+def test_named_programs_are_measured_at_their_default_shapes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ds.db'}"
+    res = dataset("--db", url, "--programs", "softmax_rows", "--trials", "2", "--structures", "1",
+                  "--search-seconds", "5", "--minutes", "5", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    assert out["programs"] == 1 and out["ok"] >= 1, out
+    assert "softmax_rows" in res.stderr
+    with db.connect(url, migrate_schema=False) as database:
+        (job,) = database.jobs()
+        assert job.job_key.startswith("dataset-softmax_rows:")
+        rows = db.training_rows(database)
+    assert {r.program for r in rows} == {"softmax_rows"}
