@@ -209,14 +209,16 @@ def _try_local(loops: list[Loop], li: int, exp: Let, view_buf: dict) -> None:
 
 
 def _only_ratios(k: Kernel, loops: list[Loop], scaled: list[Store], view_buf: dict) -> bool:
-    """Every read of a scaled accumulator feeds a division whose operands are both scaled."""
+    """Every read of a scaled accumulator is a load that feeds a division whose operands are
+    both scaled.  An op reading the accumulator itself (``sum(d, dim=0)``: every row's sum,
+    each shifted by its own row's max) would add differently shifted terms."""
     bufs = {view_buf[st.access.view] for st in scaled}
     for lp in loops:
         loaded = {}
         for st in _stmts(lp):
-            if isinstance(st, Let) and st.op == "load" and view_buf[st.access[0].view] in bufs:
-                if lp.stage != "post":
-                    return False
+            if isinstance(st, Let) and any(view_buf[a.view] in bufs for a in st.access):
+                if st.op != "load" or lp.stage != "post":
+                    return False  # read by another op (a sum over rows of row sums): not a ratio
                 loaded[st.var] = True
         for st in _stmts(lp):
             if isinstance(st, Let) and any(a in loaded for a in st.args):

@@ -112,6 +112,23 @@ def test_a_joined_walk_never_writes_over_a_tile_it_still_reads(dtype, worker):
     assert res.status == "ok", res.message
 
 
+def test_row_sums_added_over_rows_are_not_shifted_by_each_rows_max(worker):
+    """sum(sum(exp(X), 1), 0) with a for-loop over the rows: each row's sum shifted by its own
+    running max (softmax's rule) would be added to other rows' (random_4156 of the dataset:
+    every config wrong before the fix)."""
+    graph = from_obj({"format": "tuner.mugraph/1", "ops": [
+        {"op": "input", "name": "X", "shape": [128, 16], "dtype": "float32"},
+        {"op": "graph_kernel", "in": [0], "block_graph": {
+            "grid": [1, 1, 1], "block": [128, 1, 1], "forloop_range": 8, "ops": [
+                {"op": "input", "index": 0, "imap": [-1, -1, -1], "fmap": 0},
+                {"op": "exp", "in": [0]}, {"op": "accum", "in": [1], "kind": "sum"},
+                {"op": "sum", "in": [2], "dim": 0},
+                {"op": "output", "in": [3], "omap": [-1, -1, -1]}]}},
+        {"op": "output", "in": [1]}]})
+    res = build_cpu(graph, name="exp_total", worker=worker)
+    assert res.status == "ok", res.message
+
+
 def test_small_kernels_do_not_stream(worker):
     res = build_cpu(softmax(64, 256), name="softmax_rows", worker=worker)
     assert res.status == "ok", res.message
