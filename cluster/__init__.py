@@ -17,7 +17,7 @@ from .runtime import (
     start_ray,
     stop_ray,
 )
-from .search_tasks import run_and_verify, verify_structure
+from .search_tasks import VERIFY_BINDINGS, run_and_verify, verify_structure
 from .sharded import search_program
 from .slot_pool import SlotPool, cpu_slot_nodes
 from .slots import (
@@ -29,6 +29,6 @@ from .slots import (
     TrialResult,
 )
 
-__all__ = ["ClusterJoinError", "LocalExecutor", "LocalPool", "MeasureSlot", "MeasurementPool", "RayExecutor",
+__all__ = ["VERIFY_BINDINGS", "ClusterJoinError", "LocalExecutor", "LocalPool", "MeasureSlot", "MeasurementPool", "RayExecutor",
            "ReplayPool", "SearchResult", "ShardResult", "SlotPool", "Speculation", "TrialRequest", "TrialResult", "cpu_slot_nodes", "describe", "join_ray", "make_executor", "rank", "run_and_verify",
            "search_program", "start_ray", "stop_ray", "verify_structure"]

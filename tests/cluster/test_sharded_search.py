@@ -171,6 +171,26 @@ def test_every_verified_structure_passes_the_verifier_again():
         assert verify_structure(graph, small)[0]
 
 
+def test_a_structure_right_only_for_one_element_chunks_is_refused():
+    """sqrt(sum(X^2, 0)) as sqrt of the accumulated squares of each for-loop chunk's sum: the
+    same at F = 2 on a dim of 2 (chunks of one element), wrong at F = 1, which the search's
+    check binds too (random_4101 of the dataset passed it and failed every other config)."""
+    program = parse_program("name: rss\ndtype: float32\ninputs: {X: [2, 16, 16]}\n"
+                            "body: |\n  T0 = square(X)\n  T1 = sum(T0, 0)\n  O = sqrt(T1)\n"
+                            "outputs: [O]\n")
+    ops = [{"op": "input", "index": 0, "imap": [2, -1, -1], "fmap": 0},
+           {"op": "sum", "in": [0], "dim": 0}, {"op": "mul", "in": [1, 1]},
+           {"op": "accum", "in": [2], "kind": "no_red"}, {"op": "sqrt", "in": [3]},
+           {"op": "output", "in": [4], "omap": [2, -1, -1]}]
+    structure = from_obj({"format": "tuner.mugraph/1", "ops": [
+        {"op": "input", "name": "X", "shape": [2, 16, 16], "dtype": "float32"},
+        {"op": "graph_kernel", "in": [0], "block_graph": {
+            "grid": ["g0", 1, 1], "block": [128, 1, 1], "forloop_range": "F", "ops": ops}},
+        {"op": "output", "in": [1]}]})
+    ok, why = verify_structure(structure, small_instance(program).build())
+    assert not ok and "every symbol bound to 1" in why
+
+
 def test_shard_ids_are_stable_and_distinct():
     a = Shard((), (0, 1), (2,), 1, 4)
     assert a.id == "k[]|in[0, 1]|grid[2]|loop[1]|ops4"

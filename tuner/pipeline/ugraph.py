@@ -17,6 +17,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import db
+from cluster import VERIFY_BINDINGS
 from search import KernelGraph, to_obj
 from verifier import DEFAULT_TESTS
 
@@ -40,7 +41,8 @@ SHARD_KEY_LEN = 200
 # random tests per structure in the search's finite-field check (passed to it, and stored)
 VERIFY_TESTS = DEFAULT_TESTS
 # what cluster.verify_structure binds every grid / for-loop symbol to at the small instance
-VERIFY_SYMBOL = 2
+# first (then to the rest of VERIFY_BINDINGS)
+VERIFY_SYMBOL = VERIFY_BINDINGS[0]
 
 
 def search_notes(name: str, result: SearchResult) -> list[str]:
@@ -229,9 +231,11 @@ def structure_verification(structure: KernelGraph, instance: dict[str, list[int]
     finite field at the small ``instance`` with every grid / for-loop symbol bound to
     ``VERIFY_SYMBOL`` (``cluster.verify_structure``'s rule; ``SearchResult`` does not carry
     the binding, so it is derived here from the structure's symbols)."""
+    symbols = sorted(structure.symbols())
     return {"layer": "structure", "arithmetic": "field", "verdict": "equivalent",
             "tests": tests, "instance": instance,
-            "symbols": {s: VERIFY_SYMBOL for s in sorted(structure.symbols())}}
+            "symbols": {s: VERIFY_SYMBOL for s in symbols},
+            "also_bound_to": list(VERIFY_BINDINGS[1:]) if symbols else []}
 
 
 def _shard_key(prefix: str, shard_id: str) -> str:
