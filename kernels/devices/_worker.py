@@ -49,10 +49,14 @@ def compare_outputs(outs: list[np.ndarray], expected: list[np.ndarray], rtol: fl
     errs: list[float] = []
     msg = ""
     for i, (o, e) in enumerate(zip(outs, expected, strict=True)):
-        diff = np.abs(o.astype(np.float64) - e)
-        both_nan = np.isnan(o) & np.isnan(e)
-        bad = ~(diff <= atol + rtol * np.abs(e)) & ~both_nan
-        errs.append(float(np.max(np.where(both_nan, 0.0, np.nan_to_num(diff, nan=np.inf)),
+        with np.errstate(invalid="ignore"):  # inf - inf: handled below
+            diff = np.abs(o.astype(np.float64) - e)
+        # where the reference is NaN or infinite, only the same value matches (inf - inf is
+        # NaN, which no tolerance admits; rtol x inf admitted any value)
+        finite = np.isfinite(e)
+        same = ~finite & ((o == e) | (np.isnan(o) & np.isnan(e)))
+        bad = ~np.where(finite, diff <= atol + rtol * np.abs(np.where(finite, e, 0.0)), same)
+        errs.append(float(np.max(np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf, posinf=np.inf)),
                                  initial=0.0)))
         if bad.any() and not msg:
             idx = np.unravel_index(int(np.argmax(bad)), o.shape)

@@ -115,6 +115,20 @@ def test_unwritten_output_is_caught_by_nan_fill(worker, ab):
     assert f"index ({N - 1},)" in res.message and "got nan" in res.message
 
 
+def test_an_infinity_the_reference_has_too_is_a_match_and_no_other_is():
+    """inf - inf is NaN, which no tolerance admits: random_4283's kernels computed exactly the
+    reference's overflow to +inf and were all called wrong before; and rtol x inf admitted
+    any value where the reference was infinite."""
+    from kernels.devices import compare_outputs
+
+    inf = np.float32(np.inf)
+    want = np.array([inf, -inf, np.nan, 1.0], np.float32)
+    assert compare_outputs([want.copy()], [want], 1e-4, 1e-5)[1] == ""
+    for got in ([-inf, -inf, np.nan, 1.0], [inf, -inf, np.nan, inf], [1.0, -inf, np.nan, 1.0]):
+        errs, msg = compare_outputs([np.array(got, np.float32)], [want], 1e-4, 1e-5)
+        assert "1 of 4 elements out of tolerance" in msg and errs[0] == np.inf
+
+
 def test_compile_error_reports_compiler_message(worker, ab):
     bad = ADD.replace("c[i] = a[i] + b[i];", "c[i] = a[i] + undeclared_thing;")
     res = run_isolated(_add_job(ab, source=bad), 30, worker)
