@@ -354,9 +354,25 @@ def _split_rows(loops: list[Loop], split: int, buffers: dict[str, Buffer]) -> li
                                 comment=red.comment))
             nxt.hoisted.append(Let(red.dst, "combine", access=(Access(pname, rows, 0, red=1),),
                                    attrs={"n": split}, comment=red.comment))
+        nxt.hoisted[:0] = _carried(lp.hoisted, lp.row)
         nxt.col, lp.row = lp.row, stores
         out.append(nxt)
     return out
+
+
+def _carried(hoisted: list[Let], moved: list[Let | Store]) -> list[Let]:
+    """The per-row values of ``hoisted`` (and what they need) that statements ``moved`` to
+    the next phase read: computed again there, since a phase's variables end at its grid
+    barrier (``t5 = mul(t4, W)`` after a split row sum had lost its load of W: g++ "'v_t1' was
+    not declared", random_4818 of the dataset)."""
+    needed = {a for st in moved if isinstance(st, Let) for a in st.args} | \
+        {st.var for st in moved if isinstance(st, Store)}
+    keep = []
+    for h in reversed(hoisted):
+        if h.var in needed:
+            keep.append(h)
+            needed |= set(h.args)
+    return keep[::-1]
 
 
 def _levels(phases: list[Phase], buffers: dict[str, Buffer], f: int) -> list[str]:

@@ -129,6 +129,26 @@ def test_row_sums_added_over_rows_are_not_shifted_by_each_rows_max(worker):
     assert res.status == "ok", res.message
 
 
+def test_a_split_row_sum_reads_again_what_its_next_phase_needs(worker):
+    """tanh(X*W * sum(X*W, 1) * W) with the row sum split across work items: the per-row
+    statements after the sum move past a grid barrier and need W's row value there too
+    (random_4818 of the dataset: g++ "'v_t1' was not declared" for every split config)."""
+    ops = [{"op": "input", "index": 0, "imap": [0, -1, -1], "fmap": -1},
+           {"op": "input", "index": 1, "imap": [0, -1, -1], "fmap": -1},
+           {"op": "accum", "in": [1], "kind": "no_red"}, {"op": "mul", "in": [2, 0]},
+           {"op": "sum", "in": [3], "dim": 1}, {"op": "mul", "in": [4, 1]},
+           {"op": "mul", "in": [3, 5]}, {"op": "tanh", "in": [6]},
+           {"op": "output", "in": [7], "omap": [0, -1, -1]}]
+    graph = from_obj({"format": "tuner.mugraph/1", "ops": [
+        {"op": "input", "name": "X", "shape": [12, 128], "dtype": "float32"},
+        {"op": "input", "name": "W", "shape": [12, 1], "dtype": "float32"},
+        {"op": "graph_kernel", "in": [0, 1], "block_graph": {
+            "grid": ["g0", 1, 1], "block": [128, 1, 1], "forloop_range": 1, "ops": ops}},
+        {"op": "output", "in": [2]}]})
+    res = build_cpu(graph, {"g0": 3, "split": 4}, name="split_row_sum", worker=worker)
+    assert res.status == "ok", res.message
+
+
 def test_small_kernels_do_not_stream(worker):
     res = build_cpu(softmax(64, 256), name="softmax_rows", worker=worker)
     assert res.status == "ok", res.message
