@@ -172,6 +172,9 @@ def main() -> None:
     options = {"graphsage": {"steps": args.steps}, "gbdt": json.loads(args.gbdt_options)}
     print(f"CPU: {cpu_name()}")
     report = {"cpu": cpu_name(), "results": [], "throughput": {}}
+    bad = set(args.dataset_splits.split(",")) - {"program", "device"}
+    if bad:
+        ap.error(f"--dataset-splits: unknown {', '.join(sorted(bad))}; use program, device")
     data = datasets(args)
     dataset_names = set(data) - set(args.spaces.split(",")) - {Path(p).name for p in args.sweep}
     table = []

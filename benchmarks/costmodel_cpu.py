@@ -145,12 +145,11 @@ def more_programs(samples, extra, k: int, options: dict, counts: list[int]) -> d
             model.fit([samples[i] for i in train] + added)
             res.append(evaluate([s.group for s in te], np.array([s.seconds for s in te]),
                                 model.predict(te)))
-        out[str(min(n, len(order)))] = {
-            "added_rows": len(added),
-            **{m: float(np.mean([r[m] for r in res]))
-               for m in ("kendall_tau", "top1_slowdown", "top5_recall", "mape")}}
-        print(f"+{min(n, len(order))} programs ({len(added)} rows):", out[str(min(n, len(order)))],
-              flush=True)
+        key = str(min(n, len(order)))
+        out[key] = {"added_rows": len(added),
+                    **{m: float(np.mean([r[m] for r in res]))
+                       for m in ("kendall_tau", "top1_slowdown", "top5_recall", "mape")}}
+        print(f"+{key} programs ({len(added)} rows):", out[key], flush=True)
     return out
 
 
@@ -226,6 +225,11 @@ def main() -> None:
 
     if "more" in wanted and not args.extra:
         ap.error("--parts more needs --extra FILE (a dataset file of other programs)")
+    try:
+        counts = [int(n) for n in args.extra_counts.split(",")]
+    except ValueError:
+        ap.error(f"--extra-counts {args.extra_counts!r}: a comma list of whole numbers of "
+                 "programs, e.g. 0,250,500")
 
     def run(part: str) -> bool:
         return "all" in wanted or part in wanted
@@ -261,7 +265,7 @@ def main() -> None:
     if run("more") and args.extra:
         report["more_programs"] = more_programs(
             samples, _dataset_samples(args.extra), args.folds, options,
-            [int(n) for n in args.extra_counts.split(",")])
+            counts)
     if run("level"):
         report["level"] = level(samples, args.folds, options)
         print("level on held-out programs:", report["level"], flush=True)
