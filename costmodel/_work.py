@@ -37,6 +37,7 @@ from ._features import (
     GRAPH_FLOPS,
     GRAPH_KERNELS,
     GRAPH_LAUNCHES,
+    GRAPH_NEST,
     LEVELS,
     NODE_BYTES,
     NODE_FLOPS,
@@ -44,6 +45,7 @@ from ._features import (
     OPCODES,
     Sample,
 )
+from ._nest import WORK
 
 MIN_ROWS = 50  # a device's own costs are fitted from at least this many µGraph rows,
 MIN_PROGRAMS = 30  # of at least this many programs: on the H100 sweep's 9 training programs a
@@ -64,7 +66,8 @@ def work(s: Sample) -> np.ndarray | None:
         return None
     g = s.graph
     units = [1.0, float(g[GRAPH_LAUNCHES]), float(g[GRAPH_KERNELS]),
-             *_linear(g[[GRAPH_BYTES, GRAPH_FLOPS, GRAPH_EXP, GRAPH_DIV]])]
+             *_linear(g[[GRAPH_BYTES, GRAPH_FLOPS, GRAPH_EXP, GRAPH_DIV]]),
+             *_linear(g[GRAPH_NEST:GRAPH_NEST + len(WORK)])]  # what one core runs
     flops = np.bincount(s.opcodes, weights=_linear(s.nodes[:, NODE_FLOPS]),
                         minlength=len(OPCODES))
     level = np.argmax(s.nodes[:, NODE_LEVEL:NODE_LEVEL + len(LEVELS)], 1)
