@@ -113,7 +113,7 @@ def one_by_one(device: CpuDevice, worker: IsolatedWorker, database: db.Database,
     lap("compile")
     job = {"library": str(lib), "inputs": xs, "outputs": [tuple(b.shape) for b in plan.outputs],
            "timing": dict(TRIAL_TIMING), "env": device.worker_env(),
-           "expected": want.outputs, "rtol": want.rtol, "atol": want.atol}
+           "expected": want.outputs, "slack": want.slack, "rtol": want.rtol, "atol": want.atol}
     res = run_isolated(job, 60.0, worker)
     now = time.perf_counter()
     tm = res.payload.get("timing") or {}

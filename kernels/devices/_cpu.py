@@ -152,7 +152,7 @@ class CpuDevice(Device):
                "outputs": [tuple(b.shape) for b in plan.outputs], "timing": timing, "env": env,
                "storage": [b.dtype for b in (*plan.inputs, *plan.outputs)]}
         if want is not None:
-            job.update(expected=want.outputs, rtol=want.rtol, atol=want.atol)
+            job.update(expected=want.outputs, slack=want.slack, rtol=want.rtol, atol=want.atol)
         res = run_isolated(job, timeout_s, worker)
         out = Execution(res.status, res.message, plan, source,
                         list(res.payload.get("max_abs_err", [])),
@@ -383,7 +383,7 @@ def cpu_trials(device: CpuDevice, structure: KernelGraph, reference: KernelGraph
             replies = worker.run_batch(lib, [name for _, name in entries], xs, want.outputs,
                                        shapes, rtol=want.rtol, atol=want.atol,
                                        timing=dict(timing), env=env, timeout_s=timeout_s,
-                                       storage=storage)
+                                       storage=storage, slack=want.slack)
             runs.update(zip((k for k, _ in entries), replies, strict=True))
         for j, src in zip(todo, sources, strict=True):
             _fill(results[j], runs[unique[src]])

@@ -111,7 +111,7 @@ class CudaDevice(Device):
         job = {"call": "kernels.devices._cuda:worker_job", "args": args, "inputs": inputs,
                "outputs": [tuple(b.shape) for b in plan.outputs], "timing": timing}
         if want is not None:
-            job.update(expected=want.outputs, rtol=want.rtol, atol=want.atol)
+            job.update(expected=want.outputs, slack=want.slack, rtol=want.rtol, atol=want.atol)
         res = run_isolated(job, timeout_s, worker)
         return Execution(res.status, res.message, plan, source,
                          list(res.payload.get("max_abs_err", [])),
@@ -261,7 +261,7 @@ def _errors(cp: Any) -> tuple[type, ...]:
 def worker_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dict) -> dict:
     """Run in the isolated worker: compile, launch once, check, time; optionally the baseline.
 
-    ``args``: plan, source, device (index), timing (None: no timing), rtol, atol, and
+    ``args``: plan, source, device (index), timing (None: no timing), rtol, atol, slack, and
     ``baseline`` (a reference graph's canonical object, timed op by op in the program's
     dtype after the kernel)."""
     ok, reason = cuda_available()
@@ -288,7 +288,7 @@ def worker_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: dict)
         return {"status": RUNTIME_ERROR, "message": f"kernel launch failed: {e}"}
     host = [from_storage(cp.asnumpy(o), b.dtype) for o, b in zip(outs, plan.outputs, strict=True)]
     reply = checked(host, expected, args.get("rtol", 0.0), args.get("atol", 0.0),
-                    {"outputs": host})
+                    {"outputs": host}, args.get("slack"))
     if reply["status"] != OK or args.get("timing") is None:
         return reply
     try:

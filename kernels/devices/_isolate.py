@@ -37,7 +37,8 @@ from ._storage import STORAGE
 from ._worker import worker_main
 
 _JOB_KEYS = {"library", "source", "call", "args", "env", "flags", "function", "inputs",
-             "outputs", "expected", "rtol", "atol", "timing", "output_fill", "storage"}
+             "outputs", "expected", "slack", "rtol", "atol", "timing", "output_fill",
+             "storage"}
 _ENV_LOCK = threading.Lock()  # os.environ is patched while a worker process is spawned
 
 
@@ -85,6 +86,11 @@ def _validate(job: dict) -> dict:
     if expected and [e.shape for e in expected] != shapes:
         raise ValueError(f"run_isolated: job['expected'] shapes {[e.shape for e in expected]} "
                          f"differ from job['outputs'] {shapes}")
+    slack = f32("slack")
+    if slack and [s.shape for s in slack] != [e.shape for e in expected]:
+        raise ValueError(f"run_isolated: job['slack'] shapes {[s.shape for s in slack]} differ "
+                         f"from job['expected'] {[e.shape for e in expected]}: give one "
+                         "per-element slack array per expected output (Expected.slack)")
     timing = job.get("timing", {})
     if timing is not None and not isinstance(timing, dict):
         raise ValueError("run_isolated: job['timing'] must be a dict of kernels.devices.measure "
@@ -94,7 +100,7 @@ def _validate(job: dict) -> dict:
         "call": job.get("call"), "args": dict(job.get("args") or {}), "env": dict(env),
         "source": job.get("source"), "flags": tuple(job.get("flags") or cpp_flags()),
         "function": str(job.get("function", "kernel")),
-        "inputs": inputs, "expected": expected, "output_shapes": shapes,
+        "inputs": inputs, "expected": expected, "slack": slack, "output_shapes": shapes,
         "rtol": float(job.get("rtol", 1e-4)), "atol": float(job.get("atol", 1e-5)),
         "timing": timing, "output_fill": float(job.get("output_fill", np.nan)),
         "storage": _storage(job, len(inputs) + len(shapes)),
@@ -113,12 +119,14 @@ def _storage(job: dict, n: int) -> list[str]:
 
 
 def _save_arrays(jobdir: Path, spec: dict) -> None:
-    """A job's inputs and expected outputs as the files the worker loads (``in{i}``,
-    ``exp{i}``)."""
+    """A job's inputs, expected outputs and their slack as the files the worker loads
+    (``in{i}``, ``exp{i}``, ``slack{i}``)."""
     for i, a in enumerate(spec["inputs"]):
         np.save(jobdir / f"in{i}.npy", np.ascontiguousarray(a))
     for i, a in enumerate(spec["expected"]):
         np.save(jobdir / f"exp{i}.npy", np.ascontiguousarray(a))
+    for i, a in enumerate(spec["slack"]):
+        np.save(jobdir / f"slack{i}.npy", np.ascontiguousarray(a))
 
 
 class IsolatedWorker:
@@ -233,14 +241,16 @@ class IsolatedWorker:
                   expected: list[np.ndarray], output_shapes: list[tuple[int, ...]], *,
                   rtol: float, atol: float, timing: dict | None,
                   env: Mapping[str, str | None] | None = None, timeout_s: float = 60.0,
-                  storage: list[str] | None = None) -> list[RunResult]:
+                  storage: list[str] | None = None,
+                  slack: list[np.ndarray] | None = None) -> list[RunResult]:
         """Run, check and time every entry point ``functions`` of one compiled ``library`` on
         the same ``inputs`` (one job: the arrays travel once, the library is opened once);
-        one ``RunResult`` per function, in order.  A function that crashes the worker or
+        one ``RunResult`` per function, in order, each judged with the per-element ``slack``
+        as well (``Expected.slack``; None: none).  A function that crashes the worker or
         runs past ``timeout_s`` is that function's ``runtime_error`` / ``timeout``; the
         worker is replaced and the functions after it still run."""
         spec = _validate({"library": str(library), "inputs": inputs, "expected": expected,
-                          "outputs": output_shapes, "rtol": rtol, "atol": atol,
+                          "slack": slack, "outputs": output_shapes, "rtol": rtol, "atol": atol,
                           "timing": timing, "env": dict(env or {}), "storage": storage})
         if not functions:
             return []
@@ -253,7 +263,8 @@ class IsolatedWorker:
                 msg = {k: spec[k] for k in ("library", "output_shapes", "rtol", "atol",
                                             "timing", "output_fill", "storage")}
                 msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
-                           n_expected=len(spec["expected"]), functions=list(functions))
+                           n_expected=len(spec["expected"]), n_slack=len(spec["slack"]),
+                           functions=list(functions))
                 return BatchRunner(self, msg, spec["env"], len(functions), timeout_s).run()
             finally:
                 shutil.rmtree(jobdir, ignore_errors=True)
@@ -272,7 +283,7 @@ class IsolatedWorker:
                                         "rtol", "atol", "timing", "output_fill",
                                         "storage")}
             msg.update(dir=str(jobdir), n_inputs=len(spec["inputs"]),
-                       n_expected=len(spec["expected"]))
+                       n_expected=len(spec["expected"]), n_slack=len(spec["slack"]))
             log_offset = self._log.stat().st_size if self._log.exists() else 0
             what = (f"call {spec['call']}" if spec["call"] else
                     f"kernel {spec['function']!r} from {Path(spec['library']).name}")

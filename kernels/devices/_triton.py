@@ -259,7 +259,7 @@ def interpret_job(inputs: list[np.ndarray], expected: list[np.ndarray], args: di
         return {"status": RUNTIME_ERROR, "message": f"{type(err).__name__}: {err}"[:4000]}
     host = [o.to(torch.float32).numpy() for o in outs]
     return checked(host, expected, args.get("rtol", 0.0), args.get("atol", 0.0),
-                   {"outputs": host})
+                   {"outputs": host}, args.get("slack"))
 
 
 class TritonInterpreter(Device):
@@ -309,7 +309,7 @@ class TritonInterpreter(Device):
                "outputs": [tuple(b.shape) for b in plan.outputs], "timing": None,
                "env": INTERPRET_ENV}
         if want is not None:
-            job.update(expected=want.outputs, rtol=want.rtol, atol=want.atol)
+            job.update(expected=want.outputs, slack=want.slack, rtol=want.rtol, atol=want.atol)
         res = run_isolated(job, timeout_s, worker)
         return Execution(res.status, res.message, plan, source,
                          list(res.payload.get("max_abs_err", [])),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,15 @@ def _aligned_empty(shape: tuple[int, ...], align: int = 64, offset: int = USER_O
     return buf[off:off + nbytes].view(dtype).reshape(shape)
 
 
-def compare_outputs(outs: list[np.ndarray], expected: list[np.ndarray], rtol: float,
-             atol: float) -> tuple[list[float], str]:
-    """Max abs error per output and a message naming the first output out of tolerance."""
+def judge_outputs(outs: list[np.ndarray], expected: Sequence[np.ndarray], rtol: float,
+                  atol: float, slack: Sequence[np.ndarray] | None = None
+                  ) -> tuple[list[float], str, str]:
+    """Max abs error per output, a message naming the first output out of tolerance ("" when
+    all pass) and a note naming the first output that passed only by its elements' rounding
+    slack ("" when none did): an element passes when ``|out - expected| <= atol +
+    rtol·|expected| + slack`` (``slack``: per element, ``_check.rounding_slack``; None: 0)."""
     errs: list[float] = []
-    msg = ""
+    msg = note = ""
     for i, (o, e) in enumerate(zip(outs, expected, strict=True)):
         with np.errstate(invalid="ignore"):  # inf - inf: handled below
             diff = np.abs(o.astype(np.float64) - e)
@@ -55,29 +60,72 @@ def compare_outputs(outs: list[np.ndarray], expected: list[np.ndarray], rtol: fl
         # NaN, which no tolerance admits; rtol x inf admitted any value)
         finite = np.isfinite(e)
         same = ~finite & ((o == e) | (np.isnan(o) & np.isnan(e)))
-        bad = ~np.where(finite, diff <= atol + rtol * np.abs(np.where(finite, e, 0.0)), same)
+        base = atol + rtol * np.abs(np.where(finite, e, 0.0))
+        room = np.zeros(()) if slack is None else np.asarray(slack[i], np.float64)
+        bad = ~np.where(finite, diff <= base + room, same)
         errs.append(float(np.max(np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf, posinf=np.inf)),
                                  initial=0.0)))
         if bad.any() and not msg:
             idx = np.unravel_index(int(np.argmax(bad)), o.shape)
             msg = (f"output {i}: {int(bad.sum())} of {o.size} elements out of tolerance "
-                   f"(rtol={rtol}, atol={atol}); max abs error {errs[-1]:.3g}; first at index "
+                   f"(rtol={rtol}, atol={atol}"
+                   + (", plus each element's rounding slack" if slack is not None else "")
+                   + f"); max abs error {errs[-1]:.3g}; first at index "
                    f"{tuple(int(j) for j in idx)}: got {float(o[idx])!r}, "
-                   f"expected {float(e[idx])!r}")
+                   f"expected {float(e[idx])!r}" + _slack_said(room, base, idx))
+        lucky = finite & ~bad & (diff > base)
+        if lucky.any() and not note:
+            with np.errstate(divide="ignore", invalid="ignore"):  # atol 0 at a zero
+                worst = np.where(lucky, diff / base, 0.0)
+            idx = np.unravel_index(int(np.argmax(worst)), o.shape)
+            note = (f"output {i}: {int(lucky.sum())} of {o.size} elements within tolerance "
+                    f"only by their rounding slack (ill-conditioned: float32 rounding alone "
+                    f"moves them that far); the worst at index {tuple(int(j) for j in idx)}: "
+                    f"got {float(o[idx])!r}, expected {float(e[idx])!r}, error "
+                    f"{float(diff[idx]):.3g} > {float(base[idx]):.3g} (atol + rtol·|expected|),"
+                    f" slack {float(room[idx]):.3g}")
+    return errs, msg, note
+
+
+def _slack_said(room: np.ndarray, base: np.ndarray, idx: tuple) -> str:
+    """What the first bad element's slack did: nothing worth naming, or not enough."""
+    slack = float(room[idx]) if room.ndim else 0.0
+    if slack < 0.01 * float(base[idx]):
+        return ""
+    return (f"; its rounding slack {slack:.3g} (ill-conditioned there: float32 rounding alone "
+            f"moves it that far) does not cover the error either")
+
+
+def compare_outputs(outs: list[np.ndarray], expected: Sequence[np.ndarray], rtol: float,
+                    atol: float, slack: Sequence[np.ndarray] | None = None
+                    ) -> tuple[list[float], str]:
+    """Max abs error per output and a message naming the first output out of tolerance
+    (``judge_outputs`` without its note)."""
+    errs, msg, _ = judge_outputs(outs, expected, rtol, atol, slack)
     return errs, msg
 
 
-def checked(outputs: list[np.ndarray], expected: list[np.ndarray] | None, rtol: float,
-            atol: float, reply: dict | None = None) -> dict:
-    """A worker's reply after one run: ``ok`` with the outputs' errors, or ``wrong_result``
-    naming the first output out of tolerance (no ``expected``: just ``ok``)."""
+def checked(outputs: list[np.ndarray], expected: Sequence[np.ndarray] | None, rtol: float,
+            atol: float, reply: dict | None = None,
+            slack: Sequence[np.ndarray] | None = None) -> dict:
+    """A worker's reply after one run: ``ok`` with the outputs' errors (and, as its message,
+    a note when an output passed only by its rounding slack), or ``wrong_result`` naming the
+    first output out of tolerance (no ``expected``: just ``ok``)."""
     reply = {"status": OK, "message": "", **(reply or {})}
     if expected:
-        errs, bad = compare_outputs(outputs, expected, rtol, atol)
+        errs, bad, note = judge_outputs(outputs, expected, rtol, atol, slack)
         reply["max_abs_err"] = errs
         if bad:
             reply.update(status=WRONG_RESULT, message=bad)
+        elif note:
+            reply["message"] = note
     return reply
+
+
+def _load_slack(d: Path, msg: dict) -> list[np.ndarray] | None:
+    """A job's per-element rounding slack (``slack{i}.npy``), or None when it sent none."""
+    n = msg.get("n_slack", 0)
+    return [np.load(d / f"slack{i}.npy") for i in range(n)] if n else None
 
 
 def _run_call(msg: dict) -> dict:
@@ -89,7 +137,7 @@ def _run_call(msg: dict) -> dict:
     inputs = [np.load(d / f"in{i}.npy") for i in range(msg["n_inputs"])]
     expected = [np.load(d / f"exp{i}.npy") for i in range(msg["n_expected"])]
     args = {**msg["args"], "rtol": msg["rtol"], "atol": msg["atol"], "timing": msg["timing"],
-            "output_shapes": msg["output_shapes"]}
+            "output_shapes": msg["output_shapes"], "slack": _load_slack(d, msg)}
     reply = dict(fn(inputs, expected, args))
     outputs = reply.pop("outputs", [])
     for i, o in enumerate(outputs):
@@ -143,7 +191,8 @@ def _run_job(msg: dict, libs: dict) -> dict:
     for i, o in enumerate(outputs):
         np.save(d / f"out{i}.npy", o)
     expected = [np.load(d / f"exp{i}.npy", mmap_mode="r") for i in range(msg["n_expected"])]
-    reply = checked(outputs, expected, msg["rtol"], msg["atol"], {"first_call_s": first_s})
+    reply = checked(outputs, expected, msg["rtol"], msg["atol"], {"first_call_s": first_s},
+                    _load_slack(d, msg))
     if reply["status"] != OK:
         return reply
     if msg["timing"] is not None:
@@ -175,6 +224,7 @@ def _run_batch(msg: dict, libs: dict, conn: Any) -> dict:
     fill = [to_storage(np.full(o.shape, msg["output_fill"], np.float32), dt)
             for o, dt in zip(stored, storage[n:], strict=True)]
     expected = [np.load(d / f"exp{i}.npy") for i in range(msg["n_expected"])]
+    slack = _load_slack(d, msg)
     in_ptrs = (fptr * max(1, len(inputs)))(*[a.ctypes.data_as(fptr) for a in inputs])
     out_ptrs = (fptr * max(1, len(stored)))(*[a.ctypes.data_as(fptr) for a in stored])
     for index, name in enumerate(msg["functions"]):
@@ -200,7 +250,8 @@ def _run_batch(msg: dict, libs: dict, conn: Any) -> dict:
         call()
         first_s = time.perf_counter() - t0
         outputs = [from_storage(o, dt) for o, dt in zip(stored, storage[n:], strict=True)]
-        reply = checked(outputs, expected, msg["rtol"], msg["atol"], {"first_call_s": first_s})
+        reply = checked(outputs, expected, msg["rtol"], msg["atol"], {"first_call_s": first_s},
+                        slack)
         if reply["status"] == OK and msg["timing"] is not None:
             reply["timing"] = measure(call, **msg["timing"]).as_dict()
         conn.send({"index": index, **reply})
