@@ -82,7 +82,7 @@ def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
     return out
 
 
-def train(database: db.Database, *, device_key: str | None = None, kind: str = "graphsage",
+def train(database: db.Database, *, device_key: str | None = None, kind: str = "gbdt",
           force: bool = False, options: dict | None = None,
           progress: Callable[[str], None] | None = None, min_rows: int = MIN_FIT_ROWS) -> dict:
     """Fit ``kind`` on the database's measurements (of ``device_key``, or all) and store it.

@@ -55,9 +55,10 @@ def test_train_store_reload_and_predict(capsys, two_gpus):
     assert code == 0
     trained = json.loads(out)
     assert trained["trained"] and trained["rows"] == 96 and trained["device_key"] == "*"
-    # nothing new measured: nothing to train
-    code, out, _ = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url, "--json")
+    # nothing new measured: nothing to train; gbdt is also what a plain `model train` trains
+    code, out, _ = run_main(capsys, "model", "train", "--db", url, "--json")
     assert code == 0 and json.loads(out)["trained"] is False
+    assert json.loads(out)["kind"] == "gbdt"
     # the stored model, loaded from the database, predicts what the trained one did
     with db.connect(url) as database:
         model, record = costmodel.model_for(database, "replay:NVIDIA RTX A4000")
@@ -136,6 +137,9 @@ def test_bad_model_options_are_one_line_errors(capsys, tmp_path):
         before = database.row_counts()
     code, _, err = run_main(capsys, "model", "train", "--steps", "0", "--db", url)
     assert code == 2 and "--steps 0" in err and len(err.strip().splitlines()) == 1
+    # steps are GraphSAGE's: given for the default gbdt they would be ignored, so refused
+    code, _, err = run_main(capsys, "model", "train", "--steps", "100", "--db", url)
+    assert code == 2 and "--kind graphsage" in err and len(err.strip().splitlines()) == 1
     with db.connect(url) as database:
         assert database.row_counts() == before and not db.models(database)
 

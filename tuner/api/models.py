@@ -64,7 +64,7 @@ def _options(steps: int | None) -> dict:
     return {"graphsage": {"steps": steps}} if steps else {}
 
 
-def train_model(url: str | None, *, device_key: str | None = None, kind: str = "graphsage",
+def train_model(url: str | None, *, device_key: str | None = None, kind: str = "gbdt",
                 force: bool = False, steps: int | None = None,
                 progress: Callable[[str], None] | None = None) -> dict:
     """Train on the database's measurements and store the model there (``costmodel.train``)."""
@@ -72,6 +72,9 @@ def train_model(url: str | None, *, device_key: str | None = None, kind: str = "
     import db
 
     options = _options(steps)  # bad options fail before the database is opened
+    if steps is not None and kind != "graphsage":
+        raise InputError(f"--steps {steps}: steps are GraphSAGE's; add --kind graphsage, or "
+                         f"drop --steps to train {kind} (the default)")
     with db.connect(url) as database:
         try:
             return costmodel.train(database, device_key=device_key, kind=kind, force=force,

@@ -50,8 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = msub.add_parser("train", help="train on the database's measurements and store the "
                                       "model there (nothing to do without new measurements)")
     _common(q)
-    q.add_argument("--kind", choices=("graphsage", "gbdt"), default="graphsage")
-    q.add_argument("--steps", type=int, help="GraphSAGE training steps (default 6000)")
+    q.add_argument("--kind", choices=("gbdt", "graphsage"), default="gbdt",
+                   help="gbdt (default: the better of the two on held-out programs, "
+                        "docs/costmodel.md) or graphsage")
+    q.add_argument("--steps", type=int,
+                   help="GraphSAGE training steps (default 6000; with --kind graphsage)")
     q.add_argument("--force", action="store_true", help="train even when up to date")
     q.set_defaults(func=cmd_train)
 
