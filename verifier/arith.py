@@ -68,6 +68,21 @@ class Arithmetic(ABC):
     @abstractmethod
     def max_error(self, a: np.ndarray, b: np.ndarray) -> float: ...
 
+    # -- zero divisors: a test whose divisor is 0 proves nothing ------------------------------
+    def begin(self, tests: int) -> None:
+        """Start a run of ``tests`` random tests: forget the zero divisors of any earlier run.
+        An arithmetic that maps 1/0 to a value (the finite field) records them from here on;
+        the float reference has nothing to record."""
+        return None
+
+    def untrusted(self, tests: int) -> np.ndarray:
+        """bool of shape (*lead, tests): True where a part of a test of the current run met a
+        zero divisor, directly or through a value computed from one, so that its result is
+        not evidence of equivalence.  A test counts only where its first part (index 0 on the
+        lead axes) is trusted; the other parts are then compared only where trusted too.
+        All False by default: the float reference has no such event (1/0 is inf there)."""
+        return np.zeros((1,) * self.lead + (tests,), dtype=bool)
+
     def square(self, a: np.ndarray) -> np.ndarray:
         return self.mul(a, a)
 

@@ -5,6 +5,12 @@ are matched up to order.  The finite field is the default: a pass means the grap
 ``tests`` independent random points of Z_p × Z_q, which bounds the chance that inequivalent
 Lax programs pass (docs/verifier.md).  The float arithmetic is the reference semantics and
 the tie-breaker for humans: it shows *how far* apart two graphs are.
+
+A test in which either graph divides by zero proves nothing (the field maps 1/0 to 0 only to
+stay total): such a test is dropped and redrawn, up to ``ZERO_DIVISOR_ROUNDS`` draws of
+``tests`` tests.  A divisor that is a nonzero function of the inputs is zero at a random point
+with probability ≤ degree/modulus, so legitimate graphs almost never need a second draw; one
+that is zero on every draw is identically zero, and the verdict says so instead of "equivalent".
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from .interp import run
 
 ARITHMETICS: dict[str, type[Arithmetic]] = {"field": FieldArith, "float": FloatArith}
 DEFAULT_TESTS = 4
+# draws of ``tests`` fresh random tests while zero divisors leave fewer conclusive tests than
+# asked for; a graph dividing by an identically zero expression costs this many runs
+ZERO_DIVISOR_ROUNDS = 8
 
 
 @dataclass
@@ -37,6 +46,7 @@ class Verdict:
     primes: tuple[int, int] | None = None
     max_error: float | None = None
     lax: bool = True  # both graphs in the Lax fragment (no exp of an exp): the bound holds
+    inconclusive: int = 0  # tests dropped and redrawn because a divisor was zero in them
 
     def __bool__(self) -> bool:
         return self.equivalent
@@ -119,29 +129,97 @@ def equivalent(reference: KernelGraph, candidate: KernelGraph, *, tests: int = D
     if ref_shapes != cand_shapes:
         return verdict(False, f"output shapes differ: reference {ref_shapes}, "
                               f"candidate {cand_shapes}")
-    rng = np.random.default_rng(seed)
-    inputs = ar.random_inputs([s for s, _ in _signature(reference)], tests, rng)
-    ref_out = run(reference, inputs, ar)
-    cand_out = run(candidate, inputs, ar)
-    perm, _ = _match_outputs(ref_out, cand_out, ar, tests)
+    ref_out, cand_out, dropped, blame = _conclusive_runs(reference, candidate, ar, tests,
+                                                         np.random.default_rng(seed))
+    n = ref_out[0].shape[ar.lead] if ref_out else tests  # conclusive tests compared
+    perm, _ = _match_outputs(ref_out, cand_out, ar, n) if n else (None, [])
     lax = _exp_depth_ok(reference) and _exp_depth_ok(candidate)
-    if perm is not None:
+    if perm is not None and n == tests:
         worst = max((ar.max_error(ref_out[perm[i]], c) for i, c in enumerate(cand_out)),
                     default=0.0)
         note = "" if lax or arithmetic != "field" else (
             " (outside the Lax fragment: exp of exp, the false-positive bound does not apply)")
+        redrawn = f" ({dropped} more dropped: a divisor was zero in them)" if dropped else ""
         return verdict(True, f"all {len(cand_out)} output(s) agree on {tests} random tests"
-                       + note, output_map=perm, max_error=worst, lax=lax)
+                       + redrawn + note, output_map=perm, max_error=worst, lax=lax,
+                       inconclusive=dropped)
+    if perm is not None or not n:  # too few conclusive tests, and those agree
+        draws = f"{ZERO_DIVISOR_ROUNDS} draws of {tests} random tests"
+        if not n:
+            verb = "divide" if " and " in blame else "divides"
+            why = (f"a divisor is zero on every random input ({draws}): the {blame} {verb} "
+                   "by an expression that is identically zero")
+        else:
+            why = (f"only {n} of {tests} tests were conclusive in {draws}: a divisor of the "
+                   f"{blame} was zero in the others")
+        return verdict(False, why, lax=lax, inconclusive=dropped)
     reasons = []
     for i, c in enumerate(cand_out):
         same = [j for j, r in enumerate(ref_out) if r.shape == c.shape]
         if not same:
             continue
         j = min(same, key=lambda j: ar.max_error(ref_out[j], c))
-        failing = int((~ar.tests_equal(ref_out[j], c, tests)).sum())
-        reasons.append(f"output {i} differs from reference output {j} in {failing}/{tests} "
+        failing = int((~ar.tests_equal(ref_out[j], c, n)).sum())
+        reasons.append(f"output {i} differs from reference output {j} in {failing}/{n} "
                        f"tests (max error {ar.max_error(ref_out[j], c):.3g})")
     return verdict(False, "; ".join(reasons) or "no output matches",
                    max_error=max((ar.max_error(a, b) for a, b in zip(ref_out, cand_out,
                                                                        strict=False)),
-                                 default=None))
+                                 default=None), inconclusive=dropped)
+
+
+def _conclusive(values: list[np.ndarray], bad: np.ndarray, keep: np.ndarray, lead: int
+                ) -> list[np.ndarray]:
+    """The tests ``keep`` of each value, with the parts ``bad`` (shape (*lead, tests)) set to
+    0: both graphs' values get the same, so a part that met a zero divisor compares equal."""
+    return [np.take(np.where(bad.reshape(bad.shape + (1,) * (v.ndim - bad.ndim)), 0, v), keep,
+                    axis=lead) for v in values]
+
+
+def _conclusive_runs(reference: KernelGraph, candidate: KernelGraph, ar: Arithmetic,
+                     tests: int, rng: np.random.Generator
+                     ) -> tuple[list[np.ndarray], list[np.ndarray], int, str]:
+    """Both graphs' outputs on up to ``tests`` conclusive random tests (on the test axis),
+    the number of tests dropped because a divisor was zero in them, and whose divisors those
+    were ("reference", "candidate" or both).  A test is conclusive when the first part of
+    every value (the field's p component) met no zero divisor in either graph; its other parts
+    that did are set to 0 on both sides, so they compare equal and prove nothing.  Tests are
+    drawn ``tests`` at a time, at most ``ZERO_DIVISOR_ROUNDS`` times; with no zero divisor
+    (the usual case) that is one draw, the same inputs as ever for a seed."""
+    shapes = [s for s, _ in _signature(reference)]
+    kept: list[tuple[list[np.ndarray], list[np.ndarray]]] = []
+    have = dropped = 0
+    ref_blamed = cand_blamed = False
+    for _ in range(ZERO_DIVISOR_ROUNDS):
+        inputs = ar.random_inputs(shapes, tests, rng)
+        ar.begin(tests)
+        ref_out = run(reference, inputs, ar)
+        ref_bad = ar.untrusted(tests)
+        ar.begin(tests)
+        cand_out = run(candidate, inputs, ar)
+        cand_bad = ar.untrusted(tests)
+        bad = ref_bad | cand_bad
+        if not bad.any():
+            kept.append((ref_out, cand_out))
+            have += tests
+            break
+        ref_blamed |= bool(ref_bad.any())
+        cand_blamed |= bool(cand_bad.any())
+        keep = np.flatnonzero(~bad.reshape(-1, tests)[0])
+        dropped += tests - keep.size
+        kept.append((_conclusive(ref_out, bad, keep, ar.lead),
+                     _conclusive(cand_out, bad, keep, ar.lead)))
+        have += keep.size
+        if have >= tests:
+            break
+    blame = " and the ".join(w for w, b in (("reference", ref_blamed),
+                                            ("candidate", cand_blamed)) if b) or "candidate"
+    if len(kept) == 1 and have == tests:
+        return kept[0][0], kept[0][1], dropped, blame
+
+    def joined(side: int) -> list[np.ndarray]:
+        parts = [k[side] for k in kept]
+        return [np.take(np.concatenate(vs, axis=ar.lead), np.arange(min(have, tests)),
+                        axis=ar.lead) for vs in zip(*parts, strict=True)]
+
+    return joined(0), joined(1), dropped, blame

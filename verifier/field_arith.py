@@ -148,6 +148,45 @@ class FieldArith(Arithmetic):
     name = "field"
     lead = 1
 
+    def __init__(self) -> None:
+        self.zero_divisors = 0  # zero entries (per component) ``inverse`` met since ``begin``
+        self._tests: int | None = None
+        self._zero: np.ndarray | None = None  # (2, tests): component c of test t divided by 0
+        self._tainted: np.ndarray | None = None  # (tests,): ... and a cross-component op followed
+
+    def begin(self, tests: int) -> None:
+        """Record, per test and component, every zero ``inverse`` meets from now on."""
+        self.zero_divisors = 0
+        self._tests = int(tests)
+        self._zero = np.zeros((2, self._tests), dtype=bool)
+        self._tainted = np.zeros(self._tests, dtype=bool)
+
+    def untrusted(self, tests: int) -> np.ndarray:
+        """(2, tests): a component met a zero divisor, or any did and a cross-component op
+        (exp reads the q part to make the p part; the hashed ops mix both) ran after it."""
+        if self._zero is None or self._tainted is None or self._tests != tests:
+            return np.zeros((2, tests), dtype=bool)
+        return self._zero | self._tainted[None]
+
+    def _note_zero_divisors(self, a: np.ndarray) -> None:
+        zero = a == 0
+        n = int(np.count_nonzero(zero))
+        if not n:
+            return
+        self.zero_divisors += n
+        if self._zero is None:
+            return
+        if a.ndim >= 2 and a.shape[1] == self._tests:
+            hit = zero.reshape(2, self._tests, -1).any(axis=2)
+        else:  # no test axis to attribute it to: every test is suspect
+            hit = np.broadcast_to(zero.reshape(2, -1).any(axis=1)[:, None], self._zero.shape)
+        self._zero |= hit
+
+    def _crossing(self) -> None:
+        """A cross-component op runs: a zero divisor met so far may now reach both parts."""
+        if self._zero is not None and self._tainted is not None:
+            self._tainted |= self._zero.any(axis=0)
+
     def random_inputs(
         self, shapes: Sequence[tuple[int, ...]], tests: int, rng: np.random.Generator
     ) -> list[np.ndarray]:
@@ -177,8 +216,16 @@ class FieldArith(Arithmetic):
         return a * b % _mod(a.ndim)
 
     def inverse(self, a: np.ndarray) -> np.ndarray:
-        """Multiplicative inverse per component; 0 ↦ 0 (a zero divisor is an event of
-        probability ≤ degree/modulus and is counted in the bound, not an error)."""
+        """Multiplicative inverse per component; 0 ↦ 0, and every zero met is recorded (per
+        test and component, ``untrusted``) so that the test it occurs in counts for nothing.
+
+        1/0 has no value: 0 ↦ 0 only keeps the arithmetic total.  A divisor that is a nonzero
+        rational function of the inputs vanishes at a random point with probability
+        ≤ degree/modulus, and then the test is merely redrawn (``verifier.equiv``); a divisor
+        that is *identically* zero vanishes in every test, and without the record the field
+        would compare 0·(1/0 := 0) = 0 with the reference's value and could call a structure
+        that divides by zero equivalent (random_5814: rms_norm of a 1-element chunk, centred)."""
+        self._note_zero_divisors(a)
         return _tables()[0][a + _offset(a.ndim)].astype(np.int64)
 
     def div(self, a, b):
@@ -211,6 +258,7 @@ class FieldArith(Arithmetic):
 
     def exp(self, a):
         """(G**x_q mod P, 1): a homomorphism (Z_Q, +) → (Z_P^*, ·) × {1}."""
+        self._crossing()
         out = np.empty_like(a)
         out[0] = _exp_table()[a[1]]
         out[1] = 1
@@ -226,6 +274,7 @@ class FieldArith(Arithmetic):
 
     def _hash(self, a: np.ndarray, op: str) -> np.ndarray:
         """A fixed pseudo-random function of (x_p, x_q), different per op."""
+        self._crossing()
         key = (a[0] * Q + a[1]).astype(np.uint64) ^ np.uint64(_OP_SEEDS[op])
         h = _mix64(key)
         out = np.empty_like(a)
