@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from kernels import DeviceSpec, KernelPlan, cpu_simd
-from kernels.lowering import Let, Store
+from kernels.lowering import Let, Loop, Store
 
 EXP_OPS = frozenset({"exp", "sigmoid", "silu", "gelu", "tanh"})
 DIV_OPS = frozenset({"div", "sqrt", "rsqrt"})
@@ -102,7 +102,7 @@ def nest_features(plan: KernelPlan, spec: DeviceSpec) -> list[float]:
             _log2(max_forloop), _log2(max_items), _log2(max_vpack), _log2(max_split)]
 
 
-def _statement(st: Let | Store, n: float, lp, global_views: set[str], half: bool,
+def _statement(st: Let | Store, n: float, lp: Loop, global_views: set[str], half: bool,
                per: dict[str, float]) -> None:
     """Count one statement run ``n`` times into ``per``."""
     if isinstance(st, Store):

@@ -24,7 +24,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 
@@ -121,51 +120,28 @@ class _Float32Rounding(FloatArith):
     def _terms(self, a: np.ndarray, k: int) -> np.ndarray:
         return self._rounded(a, ROUNDING_UNIT * float(np.sqrt(k)))
 
-    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self._rounded(super().add(a, b))
-
-    def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self._rounded(super().sub(a, b))
-
-    def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self._rounded(super().mul(a, b))
-
-    def div(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self._rounded(super().div(a, b))
-
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return self._rounded(super().matmul(self._terms(a, a.shape[-1]), b))
-
-    def scale(self, a: np.ndarray, c: float | Fraction) -> np.ndarray:
-        return self._rounded(super().scale(a, c))
-
-    def shift(self, a: np.ndarray, c: float | Fraction) -> np.ndarray:
-        return self._rounded(super().shift(a, c))
-
-    def exp(self, a: np.ndarray) -> np.ndarray:
-        return self._rounded(super().exp(a))
-
-    def sqrt(self, a: np.ndarray) -> np.ndarray:
-        return self._rounded(super().sqrt(a))
-
-    def rsqrt(self, a: np.ndarray) -> np.ndarray:
-        return self._rounded(super().rsqrt(a))
-
-    def tanh(self, a: np.ndarray) -> np.ndarray:
-        return self._rounded(super().tanh(a))
-
-    def sigmoid(self, a: np.ndarray) -> np.ndarray:
-        return self._rounded(super().sigmoid(a))
-
-    def gelu(self, a: np.ndarray) -> np.ndarray:
-        return self._rounded(super().gelu(a))
 
     def sum_axes(self, a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         k = int(np.prod([a.shape[ax] for ax in axes]))
         return self._rounded(super().sum_axes(self._terms(a, k), axes))
 
-    def divide_by_count(self, a: np.ndarray, n: int) -> np.ndarray:
-        return self._rounded(super().divide_by_count(a, n))
+
+def _rounds(name: str):
+    """``FloatArith``'s op ``name`` with its result rounded (``_Float32Rounding._rounded``)."""
+    exact = getattr(FloatArith, name)
+
+    def op(self: _Float32Rounding, *args):
+        return self._rounded(exact(self, *args))
+    op.__name__ = name
+    return op
+
+
+# every op that rounds its result once (relu is exact; matmul and the sums above round terms)
+for _name in ("add", "sub", "mul", "div", "scale", "shift", "exp", "sqrt", "rsqrt", "tanh",
+              "sigmoid", "gelu", "divide_by_count"):
+    setattr(_Float32Rounding, _name, _rounds(_name))
 
 
 def rounding_slack(graph: KernelGraph, inputs: Sequence[np.ndarray],
