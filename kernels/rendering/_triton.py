@@ -173,12 +173,21 @@ class TritonDialect(TileMath):
         return out
 
     def _gather(self) -> list[str]:
+        """The summed accumulators read and their slots zeroed for the next call in one atomic
+        exchange per element.  A load then a store of zeros raced on an H100: Triton gave the
+        two different thread layouts (TTGIR ``#blocked`` vs ``#blocked1``), so one thread
+        zeroed an element before another had read it (gated_mlp and lora at S = 2: 3-5% of
+        the outputs wrong; the interpreter, one thread, cannot show it)."""
         out = ["# split-K: the summed accumulators, and their slots zeroed for the next call"]
         for var, b, lines, mask in self._slots():
-            rows, cols = b.shape
-            out += [*lines, f"{var} = tl.load({b.name}_p, mask={mask}, other=0.0)",
-                    f"tl.store({b.name}_p, tl.zeros([{pad(rows)}, {pad(cols)}], "
-                    f"dtype=tl.float32), mask={mask})"]
+            # as int32 bits: Triton 3.9's interpreter has no float exchange; the GPU's is the
+            # same 32-bit ATOMG.E.EXCH either way
+            zeros = f"tl.zeros([{pad(b.shape[0])}, {pad(b.shape[1])}], dtype=tl.int32)"
+            bits = f"{b.name}_p.to(tl.pointer_type(tl.int32))"
+            out += [*lines, f"{b.name}_m = {mask}",
+                    f"{var} = tl.atomic_xchg({bits}, {zeros}, mask={b.name}_m, "
+                    "sem=\"relaxed\").to(tl.float32, bitcast=True)",
+                    f"{var} = tl.where({b.name}_m, {var}, 0.0)"]
         return out
 
     def _view_decl(self, name: str) -> str:

@@ -245,7 +245,7 @@ def test_a_loaded_kernel_takes_host_arrays_and_returns_its_storage_dtype(worker,
 
 @pytest.mark.parametrize("name", ["lora", "ntrans"])
 def test_the_direct_triton_launch_writes_what_the_jit_launch_writes(name, gpu):
-    """``TUNER_TRITON_LAUNCH=direct`` (opt-in): the same compiled kernel through its launcher,
+    """``TUNER_TRITON_LAUNCH=direct`` (the default): the same compiled kernel through its launcher,
     on CuPy's current stream, bit for bit the jit path's outputs (null and a side stream)."""
     import cupy as cp
 

@@ -18,14 +18,14 @@ from search import SUITE, handwritten, load_program
 pytest.importorskip("triton", reason="Triton is not installed (the cuda extra)")
 
 
-def test_the_launch_mode_defaults_to_jit_and_reads_the_environment(monkeypatch):
+def test_the_launch_mode_defaults_to_direct_and_reads_the_environment(monkeypatch):
     monkeypatch.delenv(LAUNCH_ENV, raising=False)
-    assert launch_mode() == "jit"
-    monkeypatch.setenv(LAUNCH_ENV, " Direct ")
     assert launch_mode() == "direct"
-    assert launch_mode("jit") == "jit"  # the argument wins over the environment
-    monkeypatch.setenv(LAUNCH_ENV, "")
+    monkeypatch.setenv(LAUNCH_ENV, " JIT ")
     assert launch_mode() == "jit"
+    assert launch_mode("direct") == "direct"  # the argument wins over the environment
+    monkeypatch.setenv(LAUNCH_ENV, "")
+    assert launch_mode() == "direct"
 
 
 def test_an_unknown_launch_mode_is_refused_with_the_choices(monkeypatch):
