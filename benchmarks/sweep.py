@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/sweep.py --device cuda --structures DIR --out sweep.jsonl
         [--only NAME ...] [--top 3] [--with-handwritten] [--seconds 30] [--seed 0]
+        [--configs FILE ...]
 
 For every program of the suite (and softmax_rows, rmsnorm_residual) at its default shapes, the
 candidates are the search's verified structures in ``DIR/<program>.json`` (a ``tuner search
@@ -73,12 +74,16 @@ def candidates(name: str, program, structures: Path | None, device, top: int,
     return chosen
 
 
-def configs(space, rng: random.Random):
-    """The AStitch default, its one-parameter moves to the ends, then random legal configs."""
+def configs(space, rng: random.Random, first: list[dict] | None = None):
+    """``first`` (where legal in ``space``; knobs they leave unset at the default's values),
+    the AStitch default, its one-parameter moves to the ends, then random legal configs."""
     from tuner.pipeline.tune import warm_start
 
-    seen = []
-    for config in warm_start(space):
+    seen, start = [], list(warm_start(space))
+    firsts = [{**(start[0] if start else {}), **c} for c in first or []]  # unset knobs: default
+    for config in [*[c for c in firsts if space.check(c) is None], *start]:
+        if config in seen:
+            continue
         seen.append(config)
         yield config
     if not space.params:
@@ -97,6 +102,7 @@ def configs(space, rng: random.Random):
 def sweep(args: argparse.Namespace, out) -> None:
     from kernels import IsolatedWorker, config_space, estimate, get_device
     from search import load_program, to_obj
+    from tuner.pipeline.tune import warm_start
 
     device = get_device(args.device)
     spec, key = device.spec, device.key
@@ -110,6 +116,10 @@ def sweep(args: argparse.Namespace, out) -> None:
     emit({"kind": "meta", "device_key": key, "spec": spec.__dict__, "host": socket.gethostname(),
           "commit": commit, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
     rng = random.Random(args.seed)
+    given: dict[str, list[dict]] = {}
+    for path in args.configs or []:
+        for row in json.loads(Path(path).read_text()):
+            given.setdefault(row["program"], []).append(row["config"])
     with IsolatedWorker() as worker:
         for name in args.only or PROGRAMS:
             program = load_program(name)
@@ -128,21 +138,22 @@ def sweep(args: argparse.Namespace, out) -> None:
                       "dtype": program.dtype, "hash": h, "from": where, "rank": i,
                       "graph": to_obj(g)})
                 space = config_space(g, spec)
+                default = next(iter(warm_start(space)), None)
                 stop = min(deadline, time.perf_counter() + per * (1.5 if i == 0 else 1.0))
-                for j, config in enumerate(configs(space, rng)):
+                for config in configs(space, rng, given.get(name)):
                     if time.perf_counter() > stop:
                         break
                     try:
                         est = estimate(g, config, spec)
                     except ValueError as err:  # illegal (e.g. Triton tiles over shared memory)
                         emit({"kind": "trial", "program": name, "structure": h, "from": where,
-                              "default": j == 0, "config": config, "status": "invalid",
+                              "default": config == default, "config": config, "status": "invalid",
                               "message": str(err)[:500]})
                         counts["invalid"] = counts.get("invalid", 0) + 1
                         continue
                     res = device.run_trial(g, ref, config, worker=worker)
                     emit({"kind": "trial", "program": name, "structure": h, "from": where,
-                          "default": j == 0, "config": config,
+                          "default": config == default, "config": config,
                           "status": res["status"], "median_s": res.get("median_s"),
                           "spread_s": res.get("spread_s"), "samples": res.get("samples"),
                           "max_error": res.get("max_error"), "kernels": res.get("kernels"),
@@ -151,7 +162,7 @@ def sweep(args: argparse.Namespace, out) -> None:
                           "wall_s": res.get("wall_s")})
                     counts[res["status"]] = counts.get(res["status"], 0) + 1
                     if res["status"] == "ok":
-                        tag = "default" if j == 0 else "tuned"
+                        tag = "default" if config == default else "tuned"
                         best[f"{h[:10]} {tag}"] = min(best.get(f"{h[:10]} {tag}", 1e9),
                                                       res["median_s"])
             lines = [f"{k}: {v * 1e3:.4f} ms" for k, v in sorted(best.items())]
@@ -179,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0,
                         help="measuring time per program (30)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--configs", nargs="*", metavar="FILE",
+                        help="JSON lists of {program, config} (benchmarks/weight_streams.py "
+                        "--json) measured first on each structure whose space allows them")
     parser.add_argument("--with-handwritten", action="store_true",
                         help="sweep the hand-written structure too, after the --top ones")
     args = parser.parse_args(argv)
