@@ -240,13 +240,15 @@ def tuner_side(args, program, device, inputs) -> Side | None:
 
 def swept_best(path: str, name: str) -> tuple | None:
     """(structure, config, label) of the fastest checked trial of ``name`` in a
-    ``benchmarks/sweep.py`` file (JSON lines, optionally gzipped), or None."""
+    ``benchmarks/sweep.py`` file (JSON lines, optionally gzipped), or None: also where that
+    trial is slower than the fused default the sweep measured first (a sweep stopped before
+    it tuned the program: on an H100 mha's only trial was a CUDA-C config at 50 ms)."""
     import gzip
 
     from search import from_obj
 
     opener = gzip.open if path.endswith(".gz") else open
-    graphs, best = {}, None
+    graphs, best, default_s = {}, None, None
     with opener(path, "rt") as f:
         for line in f:
             rec = json.loads(line)
@@ -254,10 +256,17 @@ def swept_best(path: str, name: str) -> tuple | None:
                 continue
             if rec["kind"] == "structure":
                 graphs[rec["hash"]] = rec["graph"]
+            elif rec["kind"] == "baseline":
+                default_s = rec.get("default_s")
             elif rec["kind"] == "trial" and rec["status"] == "ok" and rec.get("median_s") \
                     and (best is None or rec["median_s"] < best["median_s"]):
                 best = rec
     if best is None or best["structure"] not in graphs:
+        return None
+    if default_s and best["median_s"] > default_s:  # a sweep cut short (mha, 2026-11-27)
+        print(f"# {name}: the sweep's fastest trial ({best['median_s'] * 1e3:.4f} ms) is slower "
+              f"than the default it measured ({default_s * 1e3:.4f} ms): not used",
+              file=sys.stderr)
         return None
     return (from_obj(graphs[best["structure"]]), best["config"],
             f"swept {best['structure'][:10]} ({best['median_s'] * 1e3:.4f} ms there)")

@@ -15,6 +15,7 @@ from ._lower import concretize, lower, resolve_spec
 from ._mapping import (
     KNOBS,
     ROW_OPS,
+    TRITON_TILE_VALUES_PER_THREAD,
     ZERO_OK,
     astitch_rule,
     blocks_per_wave,
@@ -45,7 +46,7 @@ from ._schedule import STREAM_ROW_MAX, STREAM_ROW_MIN
 from ._stitch import plan_shared
 
 __all__ = [
-    "ZERO_OK", "DOT_MIN", "pad",
+    "ZERO_OK", "DOT_MIN", "pad", "TRITON_TILE_VALUES_PER_THREAD",
     "KNOBS", "ROW_OPS", "STREAM_ROW_MAX", "STREAM_ROW_MIN", "Access", "Buffer", "Kernel", "KernelPlan", "Let", "Level", "Loop", "Mapping",
     "Phase", "RowReduce", "Store", "View", "astitch_rule", "blocks_per_wave", "concretize",
     "default_config", "triton_default_config", "divisibility_constraints", "divisors", "is_row_form", "lower",

@@ -20,6 +20,7 @@ from search.ir import BlockGraph, KernelGraph, ShapeError
 from ._fuse import Fuser
 from ._mapping import (
     KNOBS,
+    TRITON_TILE_VALUES_PER_THREAD,
     astitch_rule,
     blocks_per_wave,
     default_config,
@@ -27,6 +28,7 @@ from ._mapping import (
     split_config,
     triton_default_config,
     triton_smem_bytes,
+    triton_tile_values,
 )
 from ._plan import (
     Access,
@@ -98,6 +100,15 @@ def lower(graph: KernelGraph, config: MappingT[str, int] | None = None,
                     f"memory with stages={stages}, more than a {spec.name} block's "
                     f"{spec.smem_per_block_optin // 1024} KiB; choose smaller tiles (more "
                     "blocks or for-loop steps) or fewer stages")
+            threads = max(k.mapping.threads for k in kernels)
+            values = triton_tile_values(bg)
+            if values > TRITON_TILE_VALUES_PER_THREAD * threads:
+                raise ValueError(
+                    f"config: triton=1 tiles of {what} hold up to {values} values over "
+                    f"{threads} threads, {values // threads} a thread (at most "
+                    f"{TRITON_TILE_VALUES_PER_THREAD}: more spills registers and takes Triton "
+                    "minutes to compile); choose smaller tiles (more blocks or for-loop "
+                    "steps) or more threads")
     _layout_workspace(plan)
     if knobs.get("triton"):
         _choose_triton(plan)

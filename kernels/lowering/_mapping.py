@@ -247,6 +247,29 @@ def triton_smem_bytes(bg: BlockGraph, dtype: str, stages: int) -> int:
     return (walked * max(1, stages - 1) + whole) * DTYPE_BYTES.get(dtype, 4)
 
 
+# The most values of one tile a thread may hold in the Triton dialect.  Every Triton config
+# that ran right on an H100 (sweeps of 2026-11-22..27) held at most 32; gqa's searched
+# structure at its default held a 256 x 4096 float32 accumulator over 128 threads (8192 each):
+# its trial did not finish compiling in 60 s; 512 failed to compile.  A 128 x 128 float32
+# accumulator over 4 warps, a usual tl.dot tile, holds 128.
+TRITON_TILE_VALUES_PER_THREAD = 128
+
+
+def triton_tile_values(bg: BlockGraph) -> int:
+    """The most values of one computed tile of a bound graph-defined kernel (rows and columns
+    padded to powers of two, as the Triton dialect holds them): a loop's tile lives in the
+    program's registers.  Input tiles are left out: a matmul's operands are staged through
+    shared memory (``triton_smem_bytes``), and an input read elementwise has a computed tile
+    of its shape."""
+    loaded = {op.outputs[0] for op in bg.ops_of("input")}
+    most = 1
+    for tid, t in enumerate(bg.tensors):
+        if tid not in loaded:
+            shape = [int(d) for d in t.shape] or [1]
+            most = max(most, pad(math.prod(shape[:-1])) * pad(shape[-1]))
+    return most
+
+
 def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int]:
     """The default for the Triton dialect: whole rows per program (no task splitting), and
     for matmul kernels tiles that fit shared memory, output tiles whose dims are powers of two
@@ -281,10 +304,11 @@ def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int
     dtype = graph.tensors[graph.input_ids[0]].dtype if graph.input_ids else "float32"
 
     def fits(b: MappingT[str, int]) -> bool:
-        """The tiles fit a block's shared memory at the default 3 stages."""
-        return all(triton_smem_bytes(bg.bind({k: v for k, v in b.items()
-                                               if k in bg.symbols()}), dtype, 3)
-                   <= spec.smem_per_block_optin for bg in bgs)
+        """The tiles fit a block's shared memory at the default 3 stages and its 128 threads'
+        registers."""
+        bound = [bg.bind({k: v for k, v in b.items() if k in bg.symbols()}) for bg in bgs]
+        return all(triton_smem_bytes(x, dtype, 3) <= spec.smem_per_block_optin and
+                   triton_tile_values(x) <= TRITON_TILE_VALUES_PER_THREAD * 128 for x in bound)
 
     def wide(b: MappingT[str, int]) -> bool:
         """Output tiles of >= 64 columns (or the whole row): each weight row read is 128

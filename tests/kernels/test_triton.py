@@ -273,6 +273,46 @@ def test_triton_tiles_that_overflow_shared_memory_are_refused_before_a_trial():
         assert legal(paper, {**config, "triton": 1, "stages": 4}, "H100") is None, name
 
 
+# The gqa structure a search found on 2026-11-27 (hash 06aedbff66): the for-loop walks Q's
+# and K's head dim one column at a time, so the block accumulates a 256 x 4096 logits tile.
+_GQA_06AEDBFF66 = {
+    "format": "tuner.mugraph/1", "ops": [
+        {"op": "input", "shape": [2, 256, 64], "dtype": "float16", "name": "Q"},
+        {"op": "input", "shape": [2, 64, 4096], "dtype": "float16", "name": "K"},
+        {"op": "input", "shape": [2, 4096, 64], "dtype": "float16", "name": "V"},
+        {"op": "graph_kernel", "in": [0, 1, 2], "block_graph": {
+            "grid": ["g0", "g1", 1], "forloop_range": "F", "block": [128, 1, 1], "ops": [
+                {"op": "input", "index": 0, "imap": [0, -1, -1], "fmap": 2},
+                {"op": "input", "index": 1, "imap": [0, -1, -1], "fmap": 1},
+                {"op": "input", "index": 2, "imap": [0, 2, -1], "fmap": -1},
+                {"op": "matmul", "in": [0, 1]}, {"op": "accum", "in": [3], "kind": "no_red"},
+                {"op": "exp", "in": [4]}, {"op": "sum", "in": [5], "dim": 2},
+                {"op": "matmul", "in": [5, 2]}, {"op": "div", "in": [7, 6]},
+                {"op": "output", "in": [8], "omap": [0, 2, -1]}]}},
+        {"op": "output", "in": [3]}]}
+
+
+def test_triton_tiles_too_big_for_the_threads_registers_are_refused_and_not_defaulted():
+    """On an H100 the Triton default of gqa's searched structure 06aedbff66 (g1 = 4: a 256 x
+    4096 float32 accumulator over 128 threads, 8192 values a thread) did not finish its trial
+    in 60 s; mha's searched structure at 512 a thread failed to compile.  Lowering refuses a
+    tile of more than TRITON_TILE_VALUES_PER_THREAD values a thread (every config that ran
+    right held <= 32), and the Triton default never picks one."""
+    from kernels import get_spec, legal, triton_default_config
+    from kernels.lowering import TRITON_TILE_VALUES_PER_THREAD
+    from search import from_obj
+
+    g = from_obj(_GQA_06AEDBFF66)
+    why = legal(g, {"F": 64, "g0": 2, "g1": 4, "block": 128, "triton": 1, "stages": 3}, "H100")
+    assert why is not None and "8192 a thread" in why, why
+    assert TRITON_TILE_VALUES_PER_THREAD < 8192
+    default = triton_default_config(g, get_spec("H100"))
+    assert "a thread" not in (legal(g, default, "H100") or ""), default
+    for name, config in TRITON_PAPER_CONFIGS.items():  # what ran on the GPU stays legal
+        paper = handwritten(load_program(name))
+        assert legal(paper, {**config, "triton": 1, "stages": 3}, "H100") is None, name
+
+
 def _searched_attention(program):
     """The gqa form a search found (structure 1c95b78b): each block holds all of Q's rows and
     a slice of V's columns, the for-loop walks K / V."""
