@@ -247,12 +247,13 @@ def triton_smem_bytes(bg: BlockGraph, dtype: str, stages: int) -> int:
     return (walked * max(1, stages - 1) + whole) * DTYPE_BYTES.get(dtype, 4)
 
 
-# The most values of one tile a thread may hold in the Triton dialect.  Every Triton config
-# that ran right on an H100 (sweeps of 2026-11-22..27) held at most 32; gqa's searched
-# structure at its default held a 256 x 4096 float32 accumulator over 128 threads (8192 each):
-# its trial did not finish compiling in 60 s; 512 failed to compile.  A 128 x 128 float32
-# accumulator over 4 warps, a usual tl.dot tile, holds 128.
-TRITON_TILE_VALUES_PER_THREAD = 128
+# The most values of one computed tile a thread may hold in the Triton dialect.  In the H100
+# sweeps of 2026-11-22..27 every Triton config that ran right held at most 32, and every one
+# above 64 failed (4 of 4): gqa's searched structure at its default held a 256 x 4096 float32
+# accumulator over 128 threads (8192 each) and did not finish compiling in 60 s; 512 and two
+# of 128 failed to compile (Triton 3.6 asked for 262-320 KB of shared memory to convert their
+# layouts, which triton_smem_bytes does not count).
+TRITON_TILE_VALUES_PER_THREAD = 64
 
 
 def triton_tile_values(bg: BlockGraph) -> int:

@@ -295,9 +295,9 @@ _GQA_06AEDBFF66 = {
 def test_triton_tiles_too_big_for_the_threads_registers_are_refused_and_not_defaulted():
     """On an H100 the Triton default of gqa's searched structure 06aedbff66 (g1 = 4: a 256 x
     4096 float32 accumulator over 128 threads, 8192 values a thread) did not finish its trial
-    in 60 s; mha's searched structure at 512 a thread failed to compile.  Lowering refuses a
-    tile of more than TRITON_TILE_VALUES_PER_THREAD values a thread (every config that ran
-    right held <= 32), and the Triton default never picks one."""
+    in 60 s; 512 and 128 a thread failed to compile.  Lowering refuses a tile of more than
+    TRITON_TILE_VALUES_PER_THREAD values a thread (every config that ran right held <= 32),
+    and the Triton default never picks one."""
     from kernels import get_spec, legal, triton_default_config
     from kernels.lowering import TRITON_TILE_VALUES_PER_THREAD
     from search import from_obj
