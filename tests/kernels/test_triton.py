@@ -324,6 +324,39 @@ def _sums_over_k_of_one(source: str) -> list[str]:
     return out
 
 
+def test_a_tile_over_the_shared_memory_budget_stays_in_registers(interp, worker):
+    """On an H100 qknorm_gqa's hand-written structure at g0=1 (both heads in one program) gave
+    NaN in every output: its rms_norm(V) tile, (2, 64, 64) float32, was over the 48 KiB budget
+    and downgraded to a workspace tile, stored and loaded back in every iteration.  Triton's
+    pipeliner copies that load's first two iterations before the for-loop (TTGIR), so they
+    read the previous call's workspace: build_kernel's launch on all-zero inputs left 0/0 there.
+    The interpreter runs in program order and cannot show it.  A Triton tile stays a register
+    tile at any budget; the CUDA-C dialect still downgrades it, and Triton refuses such plans."""
+    from kernels.lowering import Level
+    from kernels.lowering._lower import _choose_triton
+
+    structure = handwritten(load_program("qknorm_gqa"))
+    config = {"F": 64, "g0": 1, "g1": 16, "block": 128, "smem_kb": 48, "triton": 1,
+              "stages": 3, "lanes": 32}
+    plan = lower(structure, config, "H100", "qknorm_gqa")
+    assert plan.workspace_floats == 0
+    [ttgir] = [c.asm["ttgir"] for c in compile_plan(plan, render(plan), 90).values()]
+    start = ttgir.index("scf.for")
+    assert "tt.store" not in ttgir[start:ttgir.index("scf.yield", start)]
+    cuda_c = lower(structure, {**config, "triton": 0}, "H100")
+    assert [b.name for b in cuda_c.kernels[0].buffers.values()
+            if b.level is Level.GLOBAL] == ["b_t4"]
+    with pytest.raises(ValueError, match=r"stores and reloads the workspace tiles \['b_t4'\]"):
+        _choose_triton(cuda_c)
+    # smem_kb=0 puts every CUDA-C tile in the workspace; Triton keeps them all in registers
+    small = small_instance(load_program("qknorm_gqa"), 16)
+    plan = interp.lower(handwritten(small), {**small_config(handwritten(small)), "smem_kb": 0},
+                        "qk0")
+    assert plan.workspace_floats == 0
+    res = interp.check(plan, small.build(), worker=worker)
+    assert res.status == "ok", res.message
+
+
 # ---------------------------------------------------------------- split-K
 
 TWICE = '''
