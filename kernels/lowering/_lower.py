@@ -118,13 +118,21 @@ def lower(graph: KernelGraph, config: MappingT[str, int] | None = None,
 def _choose_triton(plan: KernelPlan) -> None:
     """``triton=1``: the plan is printed as Triton tile programs, which have no grid barrier
     and no blocks sharing one row (task splitting); such a plan is refused, as any illegal
-    config is, so the tuner records it and moves on."""
+    config is, so the tuner records it and moves on.  Nor may a program store a workspace
+    tile and load it back: Triton orders neither the threads (the store and the load get
+    different layouts) nor its pipeliner (the load is issued ``stages - 1`` iterations ahead,
+    reading the last call's values: qknorm_gqa at g0=1 gave NaN on an H100)."""
     if plan.device_kind == "cpu":
         raise ValueError("config: triton=1 needs a GPU device; the cpu builds C++")
     for k in plan.kernels:
         if k.mapping.split > 1 or k.barrier != "none" or len(k.phases) > 1:
             raise ValueError(f"config: triton=1 cannot run {k.name}: it splits rows across "
                              "blocks (split > 1 or phases joined by a barrier); use triton=0")
+        tiles = [b.name for b in k.buffers.values()
+                 if b.level is Level.GLOBAL and b.role != "splitk"]
+        if tiles:
+            raise ValueError(f"config: triton=1 cannot run {k.name}: it stores and reloads "
+                             f"the workspace tiles {tiles}; use triton=0")
     plan.dialect = "triton"
 
 
@@ -310,7 +318,11 @@ def lower_block(bg: BlockGraph, name: str, what: str, ins: list[Buffer], outs: l
     limit = spec.smem_per_block_default
     if "smem_kb" in knobs:  # a tuned budget: fewer Regional tiles, more Global traffic
         limit = min(limit, 1024 * knobs["smem_kb"])
-    smem, more = plan_shared(list(buffers.values()), limit)
+    # Triton: Regional buffers are register tiles the compiler places (its shared memory is
+    # triton_smem_bytes's check), never downgraded: a Global tile would be stored and loaded
+    # back by one program, which Triton does not order (_choose_triton)
+    triton = bool(plan.config.get("triton"))
+    smem, more = plan_shared(list(buffers.values()), math.inf if triton else limit)
     notes += more
     wave = blocks_per_wave(spec, mapping.threads)
     items = math.prod(bg.concrete_grid()) * split

@@ -162,7 +162,7 @@ def access(home: Home, vshape: tuple[int, ...], lshape: tuple[int, ...]) -> Acce
     return Access(home.view, rows, col, chunked=home.chunked and col != 0)
 
 
-def plan_shared(buffers: list[Buffer], limit: int, extra: int = 0
+def plan_shared(buffers: list[Buffer], limit: float, extra: int = 0
                 ) -> tuple[int, list[str]]:
     """Give Regional buffers offsets, reusing space of buffers whose lifetime has ended;
     downgrade the largest to Global while the peak exceeds ``limit``.  Returns (peak, notes)."""

@@ -124,23 +124,16 @@ class TritonDialect(TileMath):
         # computed from one, and the buffers keeping them): such a matmul operand stays float32
         self._unbounded: set[str] = set()
         self._last_unbounded = False
-        state: _Shared = (set(), set())
         for lp in stages["pre"]:
-            sync, state = _barriers([self._shared(lp)], state)
-            body += sync[0] + self.loop(lp, index[id(lp)], in_body=False)
+            body += self.loop(lp, index[id(lp)], in_body=False)
         if stages["body"]:
             init = self._carried(stages["body"])
             if part == "epilogue":
                 body += self._gather()
             else:
                 inner = [self._view_decl(v.name) for v in pointers if v.iter]
-                # an iteration starts after the previous one's end (or the loops before it)
-                touch = [self._shared(lp) for lp in stages["body"]]
-                _, end = _barriers(touch, state)
-                sync, end = _barriers(touch, _union(state, end))
-                state = _union(state, end)
-                for lp, wait in zip(stages["body"], sync, strict=True):
-                    inner += wait + self.loop(lp, index[id(lp)], in_body=True)
+                for lp in stages["body"]:
+                    inner += self.loop(lp, index[id(lp)], in_body=True)
                 steps = f"{k.forloop}"
                 if part == "partial":
                     n = k.forloop // k.splitk
@@ -150,28 +143,11 @@ class TritonDialect(TileMath):
                 return body + self._scatter()
             for var, (li, st) in self._accs.items():
                 lp = loops[li]
-                sync, state = _barriers([(set(), {self._views[st.access.view].buffer})], state)
-                body += [*sync[0],
-                         f"# {st.comment or 'accumulated output'}: stored once after the loop",
+                body += [f"# {st.comment or 'accumulated output'}: stored once after the loop",
                          *self._index_lines(lp, li), *self._store_global(st, var, lp, li)]
         for lp in stages["post"]:
-            sync, state = _barriers([self._shared(lp)], state)
-            body += sync[0] + self.loop(lp, index[id(lp)], in_body=False)
+            body += self.loop(lp, index[id(lp)], in_body=False)
         return body
-
-    def _shared(self, lp: Loop) -> _Shared:
-        """The memory a loop reads and writes that other threads of its program may touch:
-        Global buffers (workspace tiles, outputs) other than inputs; register tiles and the
-        for-loop's accumulated outputs (register tiles until after the loop) are not."""
-        reads, writes = set(), set()
-        for st in (*lp.hoisted, *lp.col, *lp.row):
-            if isinstance(st, Let):
-                reads |= {self._views[a.view].buffer for a in st.access}
-            elif not (st.accumulate and lp.stage == "body"):
-                writes.add(self._views[st.access.view].buffer)
-        memory = {b for b in reads | writes
-                  if b not in self._tiles and self._buffer(b).role != "input"}
-        return reads & memory, writes & memory
 
     def _slots(self) -> list[tuple[str, Buffer, list[str], str]]:
         """Split-K: per workspace slot, (the accumulator variable it holds, the slot, the
@@ -415,34 +391,6 @@ class TritonDialect(TileMath):
         mask = f"{p}m" if a.col else f"{p}rm"
         dt = TL_DTYPES.get(self._buffer(self._views[a.view].buffer).dtype, "tl.float32")
         return [f"tl.store({a.view} + {off}, ({value}).to({dt}), mask={mask})"]
-
-
-_Shared = tuple[set[str], set[str]]  # (buffers read, buffers written)
-
-
-def _union(a: _Shared, b: _Shared) -> _Shared:
-    return a[0] | b[0], a[1] | b[1]
-
-
-def _barriers(steps: list[_Shared], state: _Shared) -> tuple[list[list[str]], _Shared]:
-    """A ``tl.debug_barrier()`` before each step (a loop's reads and writes) that reads what
-    was written, or writes what was read or written, since the last barrier; and the reads
-    and writes since the last barrier after them.  Triton gives each tile op its own thread
-    layout and orders no global memory between threads (its barriers guard shared memory
-    only): lora with its tiles in the workspace gave up to 57% of the outputs wrong on an
-    H100 (Triton 3.9's sm_90 code stores X·A's 16 x 16 tile from 8 of 16 warps, the layout
-    replicated over 512 threads, and loads it back in all 16; the interpreter, one thread,
-    cannot show it).  The C dialects sync after every loop."""
-    reads, writes = state
-    out = []
-    for rs, ws in steps:
-        clash = sorted((rs & writes) | (ws & (reads | writes)))
-        out.append([f"tl.debug_barrier()  # {', '.join(clash)}: stored or loaded above by "
-                    "other threads"] if clash else [])
-        if clash:
-            reads, writes = set(), set()
-        reads, writes = reads | rs, writes | ws
-    return out, (reads, writes)
 
 
 __all__ = ["TritonDialect", "TritonUnsupported", "pad"]
