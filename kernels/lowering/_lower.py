@@ -102,7 +102,7 @@ def lower(graph: KernelGraph, config: MappingT[str, int] | None = None,
                     "blocks or for-loop steps) or fewer stages")
             threads = max(k.mapping.threads for k in kernels)
             values = triton_tile_values(bg)
-            if values > TRITON_TILE_VALUES_PER_THREAD * threads:
+            if spec.kind != "cpu" and values > TRITON_TILE_VALUES_PER_THREAD * threads:
                 raise ValueError(
                     f"config: triton=1 tiles of {what} hold up to {values} values over "
                     f"{threads} threads, {values // threads} a thread (at most "
