@@ -100,6 +100,21 @@ class ConfigSpace:
             return f"lanes={lanes} must divide block={block}"
         return None
 
+    def canonical(self, config: Mapping[str, int]) -> dict[str, int]:
+        """``config`` with the knobs its dialect never reads set as the default sets them, so
+        configs that build one kernel have one hash and the tuner measures it once: the
+        Triton dialect reads neither ``lanes`` nor ``smem_kb`` (its tiles stay in registers;
+        on an H100 a lora sweep measured the same Triton kernel under many of them)."""
+        out = dict(config)
+        if not int(out.get("triton", 0)):
+            return out
+        if "smem_kb" in out and "smem_kb" in self.default:
+            out["smem_kb"] = self.default["smem_kb"]
+        if "lanes" in out and "lanes" in self.default:
+            lanes, block = int(self.default["lanes"]), int(out.get("block", 0))
+            out["lanes"] = lanes if not block or block % lanes == 0 else block
+        return out
+
     def configs(self) -> Iterator[dict[str, int]]:
         """Every legal config (the exhaustive space), in a stable order."""
         names = sorted(self.params)

@@ -196,6 +196,25 @@ def test_the_gpu_config_space_offers_both_dialects_and_tensor_core_tiles():
     assert rows.check({**rows.default, "triton": 0, "split": 2}) is None
 
 
+def test_triton_configs_that_build_one_kernel_have_one_canonical_config():
+    """The Triton dialect reads neither lanes nor smem_kb: configs differing only there print
+    the same module, so the tuner hashes (and measures) them once; CUDA-C configs, where both
+    change the plan, are left as they are."""
+    from kernels import config_space
+
+    program = load_program("lora")
+    structure = _searched_lora(program)
+    space = config_space(structure, "H100")
+    a = {**space.default, "g0": 512, "block": 512, "lanes": 32, "smem_kb": 0, "triton": 1,
+         "stages": 4}
+    b = {**a, "lanes": 2, "smem_kb": space.params["smem_kb"][-1]}
+    assert render(lower(structure, a, "H100", "c")) == render(lower(structure, b, "H100", "c"))
+    assert space.canonical(a) == space.canonical(b) and space.check(space.canonical(a)) is None
+    cuda_c = {**a, "triton": 0}
+    assert space.canonical(cuda_c) == cuda_c
+    assert space.canonical({**b, "triton": 0}) != space.canonical(cuda_c)
+
+
 @pytest.mark.parametrize("name", ["rmsnorm_matmul", "gated_mlp", "gqa", "mha", "mqa"])
 def test_the_triton_default_gives_tl_dot_tiles_that_fill_the_gpu(name):
     structure = handwritten(load_program(name))

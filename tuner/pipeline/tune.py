@@ -207,6 +207,7 @@ class StudyRunner:
     def _propose(self, task: StudyTask, study: optuna.Study, trial: optuna.Trial,
                  config: dict[str, int], known: dict, inflight: dict, out: StudyOutcome,
                  optuna: ModuleType) -> None:
+        config = task.space.canonical(config)  # one kernel, one hash: measured once
         chash = db.config_hash(config)
         if chash in known:  # measured before: answer from the database
             status, median = known[chash]
