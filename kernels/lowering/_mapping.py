@@ -276,7 +276,8 @@ def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int
     for matmul kernels tiles that fit shared memory, output tiles whose dims are powers of two
     of 16 or more (tl.dot's tiles) and at least 64 columns wide (128-byte weight rows: on an
     H100 rmsnorm_matmul's 96 tiles of 64 beat its 384 of 16, which fill the SMs, 1.7-1.9x),
-    then the grid that keeps the most of the SMs' waves busy, and a for-loop step of ~64."""
+    then the grid that keeps the most of the SMs' waves busy, and a for-loop step of ~64;
+    128 threads, more where a tile would hold over TRITON_TILE_VALUES_PER_THREAD a thread."""
     bgs = graph.block_graphs()
     if not graph.symbols() or (bgs and all(is_row_form(bg) for bg in bgs)):
         config = default_config(graph, spec) if graph.symbols() else {}
@@ -304,12 +305,22 @@ def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int
 
     dtype = graph.tensors[graph.input_ids[0]].dtype if graph.input_ids else "float32"
 
+    def values(b: MappingT[str, int]) -> int:
+        return max((triton_tile_values(bg.bind({k: v for k, v in b.items()
+                                                 if k in bg.symbols()})) for bg in bgs),
+                   default=1)
+
+    def threads(b: MappingT[str, int]) -> int:
+        """128, or as many more (up to 1024) as keep TRITON_TILE_VALUES_PER_THREAD a thread."""
+        need = -(-values(b) // TRITON_TILE_VALUES_PER_THREAD)
+        return min(1024, max(128, 1 << max(0, need - 1).bit_length()))
+
     def fits(b: MappingT[str, int]) -> bool:
-        """The tiles fit a block's shared memory at the default 3 stages and its 128 threads'
+        """The tiles fit a block's shared memory at the default 3 stages and its threads'
         registers."""
-        bound = [bg.bind({k: v for k, v in b.items() if k in bg.symbols()}) for bg in bgs]
-        return all(triton_smem_bytes(x, dtype, 3) <= spec.smem_per_block_optin and
-                   triton_tile_values(x) <= TRITON_TILE_VALUES_PER_THREAD * 128 for x in bound)
+        return values(b) <= TRITON_TILE_VALUES_PER_THREAD * threads(b) and all(
+            triton_smem_bytes(bg.bind({k: v for k, v in b.items() if k in bg.symbols()}),
+                              dtype, 3) <= spec.smem_per_block_optin for bg in bgs)
 
     def wide(b: MappingT[str, int]) -> bool:
         """Output tiles of >= 64 columns (or the whole row): each weight row read is 128
@@ -327,7 +338,8 @@ def triton_default_config(graph: KernelGraph, spec: DeviceSpec) -> dict[str, int
         return (not fits(b), not tiles_ok(b), not wide(b), -round(fill, 2),
                 abs(math.log2(max(1, step) / 64)), -_inner_rows(bgs, b))
 
-    return {**min(candidates, key=score), "block": 128, "triton": 1, "stages": 3}
+    best = min(candidates, key=score)
+    return {**best, "block": threads(best), "triton": 1, "stages": 3}
 
 
 def _inner_rows(bgs: list[BlockGraph], binding: MappingT[str, int]) -> int:

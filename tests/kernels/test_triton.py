@@ -332,6 +332,10 @@ def test_triton_tiles_too_big_for_the_threads_registers_are_refused_and_not_defa
     for name, config in TRITON_PAPER_CONFIGS.items():  # what ran on the GPU stays legal
         paper = handwritten(load_program(name))
         assert legal(paper, {**config, "triton": 1, "stages": 3}, "H100") is None, name
+    # a prefill's 1024-row tiles: the default gives them the threads to stay within the limit
+    prefill = handwritten(load_program("gated_mlp", {"X": (1024, 4096)}))
+    default = triton_default_config(prefill, get_spec("H100"))
+    assert default["block"] > 128 and legal(prefill, default, "H100") is None, default
 
 
 def _searched_attention(program):
