@@ -1,0 +1,62 @@
+"""benchmarks/sweep.py and benchmarks/peers.py over a sweep file, without a GPU: the configs a
+sweep is given are measured first (unset knobs at the default), and peers.py takes a sweep's
+fastest checked trial only where it is not slower than the default that sweep measured (an
+H100 sweep cut short left mha one 50 ms trial, and the peers table showed it as ours)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import itertools
+import json
+import random
+
+from support import REPO
+
+from search import handwritten, load_program, to_obj
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" /
+                                                  f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_given_configs_are_measured_first_with_the_defaults_knobs():
+    from kernels import config_space
+    from tuner.pipeline.tune import warm_start
+
+    sweep = _load("sweep")
+    space = config_space(handwritten(load_program("rmsnorm_matmul")), "H100")
+    start = warm_start(space)  # the first trials without --configs
+    given = [{"F": 32, "g0": 48, "stages": 4, "splitk": 2},
+             {"F": 3, "g0": 48}]  # F=3 divides nothing: left out
+    first = list(itertools.islice(sweep.configs(space, random.Random(0), given), 3))
+    assert first == [{**start[0], **given[0]}, start[0], start[1]]
+    assert all(space.check(c) is None for c in first)
+
+
+def _sweep_file(path, trials: list[tuple[str, float]], default_s: float) -> None:
+    graph = to_obj(handwritten(load_program("mha")))
+    records = [{"kind": "baseline", "program": "mha", "default_s": default_s},
+               {"kind": "structure", "program": "mha", "hash": "h" * 10, "graph": graph}]
+    records += [{"kind": "trial", "program": "mha", "structure": "h" * 10, "status": status,
+                 "median_s": median, "config": {"F": 64, "n": i}}
+                for i, (status, median) in enumerate(trials)]
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(json.dumps(r) for r in records) + "\n")
+
+
+def test_peers_takes_the_fastest_checked_trial_unless_the_default_was_faster(tmp_path,
+                                                                             capsys):
+    peers = _load("peers")
+    good = tmp_path / "good.jsonl.gz"
+    _sweep_file(good, [("ok", 2e-4), ("wrong_result", 1e-5), ("ok", 1e-4)], default_s=1.8e-3)
+    structure, config, label = peers.swept_best(str(good), "mha")
+    assert config == {"F": 64, "n": 2} and "0.1000 ms there" in label
+    cut_short = tmp_path / "cut.jsonl.gz"
+    _sweep_file(cut_short, [("ok", 5e-2)], default_s=1.8e-3)
+    assert peers.swept_best(str(cut_short), "mha") is None
+    assert "slower than the default it measured" in capsys.readouterr().err
