@@ -75,13 +75,16 @@ def candidates(name: str, program, structures: Path | None, device, top: int,
 
 
 def configs(space, rng: random.Random, first: list[dict] | None = None):
-    """``first`` (where legal in ``space``; knobs they leave unset at the default's values),
-    the AStitch default, its one-parameter moves to the ends, then random legal configs."""
+    """``first`` (where legal in ``space``; knobs they leave unset as the first warm start
+    sets them), the warm start (``tuner.pipeline.tune.warm_start``: the defaults and their
+    one-parameter moves to the ends), then random legal configs; each kernel once
+    (``ConfigSpace.canonical``: a Triton config's lanes and smem_kb build the same kernel)."""
     from tuner.pipeline.tune import warm_start
 
     seen, start = [], list(warm_start(space))
-    firsts = [{**(start[0] if start else {}), **c} for c in first or []]  # unset knobs: default
+    firsts = [{**(start[0] if start else {}), **c} for c in first or []]
     for config in [*[c for c in firsts if space.check(c) is None], *start]:
+        config = space.canonical(config)
         if config in seen:
             continue
         seen.append(config)
@@ -90,7 +93,7 @@ def configs(space, rng: random.Random, first: list[dict] | None = None):
         return
     misses = 0
     while misses < 200:
-        config = {n: rng.choice(c) for n, c in space.params.items()}
+        config = space.canonical({n: rng.choice(c) for n, c in space.params.items()})
         if config in seen or space.check(config) is not None:
             misses += 1
             continue
@@ -138,7 +141,7 @@ def sweep(args: argparse.Namespace, out) -> None:
                       "dtype": program.dtype, "hash": h, "from": where, "rank": i,
                       "graph": to_obj(g)})
                 space = config_space(g, spec)
-                default = next(iter(warm_start(space)), None)
+                default = space.canonical(next(iter(warm_start(space)), {}))
                 stop = min(deadline, time.perf_counter() + per * (1.5 if i == 0 else 1.0))
                 for config in configs(space, rng, given.get(name)):
                     if time.perf_counter() > stop:
