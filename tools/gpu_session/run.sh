@@ -11,6 +11,8 @@
 # Files: gputest.log, weights.json, weights.txt, sweep_*.jsonl.gz, sweep.log, peers.json,
 # peers.log, launch.txt, env.txt (9: the tool brings back 8, so launch.txt is folded into
 # env.txt).  On an H100 (2026-11-27) gpu-test took 90 s, the weights 45 s, peers 129 s.
+# Files are named by .gpu/commit (the device's copy of .git may be older than the tree that
+# travels): run `make gpu-prepare` again after committing; it reuses the searches.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
