@@ -102,6 +102,26 @@ def configs(space, rng: random.Random, first: list[dict] | None = None):
         yield config
 
 
+def read_configs(paths: list[str]) -> dict[str, list[dict]]:
+    """program -> configs, from JSON lists of {"program", "config"} (``--configs``);
+    ValueError naming the file and what is wrong with it."""
+    given: dict[str, list[dict]] = {}
+    for path in paths:
+        try:
+            rows = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: {err}") from None
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: a JSON list of {{program, config}} objects expected")
+        for i, row in enumerate(rows):
+            if not (isinstance(row, dict) and isinstance(row.get("program"), str)
+                    and isinstance(row.get("config"), dict)):
+                raise ValueError(f"{path}: entry {i} is not {{\"program\": ..., \"config\": "
+                                 "{...}} (benchmarks/weight_streams.py --json writes them)")
+            given.setdefault(row["program"], []).append(row["config"])
+    return given
+
+
 def sweep(args: argparse.Namespace, out) -> None:
     from kernels import IsolatedWorker, config_space, estimate, get_device
     from search import load_program, to_obj
@@ -119,10 +139,7 @@ def sweep(args: argparse.Namespace, out) -> None:
     emit({"kind": "meta", "device_key": key, "spec": spec.__dict__, "host": socket.gethostname(),
           "commit": commit, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
     rng = random.Random(args.seed)
-    given: dict[str, list[dict]] = {}
-    for path in args.configs or []:
-        for row in json.loads(Path(path).read_text()):
-            given.setdefault(row["program"], []).append(row["config"])
+    given = args.given
     with IsolatedWorker() as worker:
         for name in args.only or PROGRAMS:
             program = load_program(name)
@@ -199,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-handwritten", action="store_true",
                         help="sweep the hand-written structure too, after the --top ones")
     args = parser.parse_args(argv)
+    try:
+        args.given = read_configs(args.configs or [])
+    except ValueError as err:
+        print(f"sweep.py: --configs {err}", file=sys.stderr)
+        return 2
     sys.path.insert(0, str(ROOT))
     from kernels import DeviceUnavailable, get_device
 

@@ -10,7 +10,8 @@ bandwidth, and a call of these kernels costs about as much as its launches.  For
 (``kernels.triton_default_config``: split-K S, Triton ``num_stages``, threads per block, and
 any symbol ``--set`` names, e.g. the for-loop step F), the
 kernel is built as the cuda device builds it (``build_kernel``: the launch mode of
-``$TUNER_TRITON_LAUNCH``), checked against the float64 reference at the dtype's tolerance, and
+``$TUNER_TRITON_LAUNCH``), checked as every device checks (``kernels.devices.expected`` and
+``judge_outputs``: the float64 reference, the dtype's tolerance, each element's slack), and
 timed two ways with CUDA events, medians of ``kernels.measure``: per call (calls back to
 back, as the stream sees them: host dispatch included where it is slower than the GPU) and
 as one CUDA-graph replay (the GPU's time for the call's launches, no Python).  Columns: the
@@ -68,9 +69,8 @@ def one_program(name: str, args, cp, copy_gbs: float, say) -> list[dict]:
     clock = kd.EventClock(cp)
     rows = []
     axes = {"splitk": args.splitk, "stages": args.stages, "block": args.blocks}
-    for item in args.set:
-        key, _, values = item.partition("=")
-        axes[key] = [int(v) for v in values.split(",")] if key in base else []
+    for key, values in args.set.items():
+        axes[key] = values if key in base else []
     grid = [dict(zip(axes, values, strict=True))
             for values in itertools.product(*[v or [None] for v in axes.values()])]
     for knobs in grid:
@@ -88,14 +88,14 @@ def one_program(name: str, args, cp, copy_gbs: float, say) -> list[dict]:
             for _ in range(2):  # twice: the split-K workspace must be clean again
                 kernel(xs, outs)
             cp.cuda.Device().synchronize()
-            got = [kd.from_storage(cp.asnumpy(o), b.dtype).astype(np.float64)
+            got = [kd.from_storage(cp.asnumpy(o), b.dtype)
                    for o, b in zip(outs, plan.outputs, strict=True)]
             rounded = [kd.from_storage(kd.to_storage(x, b.dtype), b.dtype)
                        for x, b in zip(stored, plan.inputs, strict=True)]
-            want = kd.reference(ref, kd.as_logical(rounded, kd.input_layouts(ref)))
-            rtol, atol = kd.tolerance(plan.outputs[0].dtype)
-            scale = max(float(np.max(np.abs(w), initial=0.0)) for w in want)
-            _, bad = kd.compare_outputs(got, want, rtol, max(atol, rtol * scale))
+            # the devices' own judgement: the dtype's tolerance plus each element's slack
+            want = kd.expected(ref, kd.as_logical(rounded, kd.input_layouts(ref)),
+                               plan.outputs[0].dtype)
+            _, bad, _ = kd.judge_outputs(got, want.outputs, want.rtol, want.atol, want.slack)
             if bad:
                 say(f"# {name} {label}: WRONG: {bad}")
                 continue
@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=0.15, help="seconds per measure()")
     parser.add_argument("--json", metavar="FILE", help="write every row to FILE")
     args = parser.parse_args(argv)
+    try:
+        args.set = {k: [int(v) for v in vs.split(",")]
+                    for k, _, vs in (item.partition("=") for item in args.set)}
+    except ValueError:
+        parser.error(f"--set {' '.join(args.set)}: each is SYMBOL=V1,V2 with integer values")
     sys.path.insert(0, str(ROOT))
     from kernels import cuda_available
 

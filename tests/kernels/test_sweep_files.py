@@ -64,3 +64,17 @@ def test_peers_takes_the_fastest_checked_trial_unless_the_default_was_faster(tmp
     _sweep_file(cut_short, [("ok", 5e-2)], default_s=1.8e-3)
     assert peers.swept_best(str(cut_short), "mha") is None
     assert "slower than the default it measured" in capsys.readouterr().err
+
+
+def test_a_malformed_configs_file_is_refused_in_one_line_with_exit_2(tmp_path, capsys):
+    sweep = _load("sweep")
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"program": "lora"}]')
+    code = sweep.main(["--device", "cuda", "--out", str(tmp_path / "o.jsonl"),
+                       "--configs", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{bad}: entry 0 is not" in err and "Traceback" not in err
+    assert not (tmp_path / "o.jsonl").exists()
+    good = tmp_path / "good.json"
+    good.write_text('[{"program": "lora", "config": {"g0": 64}}]')
+    assert sweep.read_configs([str(good)]) == {"lora": [{"g0": 64}]}
