@@ -1,13 +1,15 @@
 """How fast the decode-sized weight streams read their weights on a CUDA GPU, config by config.
 
     python3 benchmarks/weight_streams.py [--programs rmsnorm_matmul gated_mlp lora]
-        [--splitk 1 2 4 8 16] [--stages 3 4] [--blocks 128 256] [--set F=64,128 ...]
+        [--splitk 1 2 4 8 16] [--splitk-launches 1 2] [--stages 3 4] [--blocks 128 256]
+        [--set F=64,128 ...]
         [--budget 0.15] [--json FILE]
 
 Why: issue 18's target is the weights streamed at >= 70% of the device-to-device copy
 bandwidth, and a call of these kernels costs about as much as its launches.  For each program
 (hand-written structure at its paper shape) and each legal config around the Triton default
-(``kernels.triton_default_config``: split-K S, Triton ``num_stages``, threads per block, and
+(``kernels.triton_default_config``: split-K S and whether its last program or a second launch
+finishes each tile (``splitk_launches``), Triton ``num_stages``, threads per block, and
 any symbol ``--set`` names, e.g. the for-loop step F), the
 kernel is built as the cuda device builds it (``build_kernel``: the launch mode of
 ``$TUNER_TRITON_LAUNCH``), checked as every device checks (``kernels.devices.expected`` and
@@ -68,12 +70,15 @@ def one_program(name: str, args, cp, copy_gbs: float, say) -> list[dict]:
     base = triton_default_config(structure, device.spec)
     clock = kd.EventClock(cp)
     rows = []
-    axes = {"splitk": args.splitk, "stages": args.stages, "block": args.blocks}
+    axes = {"splitk": args.splitk, "splitk_launches": args.splitk_launches,
+            "stages": args.stages, "block": args.blocks}
     for key, values in args.set.items():
         axes[key] = values if key in base else []
     grid = [dict(zip(axes, values, strict=True))
             for values in itertools.product(*[v or [None] for v in axes.values()])]
     for knobs in grid:
+        if knobs["splitk"] == 1 and knobs["splitk_launches"] != args.splitk_launches[0]:
+            continue  # without split-K the knob changes nothing: measured once
         config = {**base, **{k: v for k, v in knobs.items() if v is not None}}
         if legal(structure, config, device.spec) is not None:
             continue
@@ -123,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", nargs="+", default=["rmsnorm_matmul", "gated_mlp", "lora"])
     parser.add_argument("--splitk", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--splitk-launches", nargs="+", type=int, default=[1, 2],
+                        choices=[1, 2], help="1: the last program of a tile finishes it; 2: "
+                        "an epilogue launch does")
     parser.add_argument("--stages", nargs="+", type=int, default=[3, 4])
     parser.add_argument("--blocks", nargs="+", type=int, default=[128, 256])
     parser.add_argument("--set", nargs="*", default=[], metavar="SYMBOL=V1,V2",

@@ -48,6 +48,9 @@ TRITON_TILES = (16, 32, 64, 128, 256)  # tile extents a GPU space always offers
 # split-K (the Triton dialect): programs per virtual block sharing its for-loop; not yet
 # measured on a GPU (docs/devices.md, "The Triton dialect")
 SPLITK = (1, 2, 4, 8, 16)
+# knobs added after configs were stored: a config without one means the behaviour it was
+# measured with (split-K's epilogue in a second launch), so stored configs keep their kernel
+ABSENT_MEANS = {"splitk_launches": 2}
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class ConfigSpace:
     def check(self, config: Mapping[str, int]) -> str | None:
         """None when ``config`` is legal, else why not (divisibility or knob rules)."""
         for name in self.params:
-            if name not in config:
+            if name not in config and name not in ABSENT_MEANS:
                 return f"{name} is not set"
         for size, syms in self.constraints:
             if size % math.prod(int(config[s]) for s in syms):
@@ -104,8 +107,14 @@ class ConfigSpace:
         """``config`` with the knobs its dialect never reads set as the default sets them, so
         configs that build one kernel have one hash and the tuner measures it once: the
         Triton dialect reads neither ``lanes`` nor ``smem_kb`` (its tiles stay in registers;
-        on an H100 a lora sweep measured the same Triton kernel under many of them)."""
+        on an H100 a lora sweep measured the same Triton kernel under many of them), nor
+        ``splitk_launches`` without split-K; a stored config without that knob gets the
+        value it was measured with (``ABSENT_MEANS``)."""
         out = dict(config)
+        if "splitk_launches" in self.params:  # read only where split-K splits the loop
+            out["splitk_launches"] = int(out.get("splitk_launches", ABSENT_MEANS[
+                "splitk_launches"]) if int(out.get("splitk", 1)) > 1 else
+                self.default["splitk_launches"])
         if not int(out.get("triton", 0)):
             return out
         if "smem_kb" in out and "smem_kb" in self.default:
@@ -184,10 +193,12 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         if len(splitk) > 1 and _splitk_refused(structure, params, splitk[1], spec):
             splitk = [1]  # the loop carries more than sums (attention's running max)
         if len(splitk) > 1:
-            params["splitk"] = tuple(splitk)
-            default = {**default, "splitk": 1}
+            # and how the part after the loop runs: by the last program (one launch) or an
+            # epilogue launch (measured on an H100 first; the tuner measures both)
+            params["splitk"], params["splitk_launches"] = tuple(splitk), (1, 2)
+            default = {**default, "splitk": 1, "splitk_launches": 1}
     knobs = {k: default[k] for k in ("split", "block", "lanes", "smem_kb", "tile_rows",
-                                     "stream", "triton", "stages", "splitk")
+                                     "stream", "triton", "stages", "splitk", "splitk_launches")
              if k in params and k in default}
     chosen = {k: v for k, v in default.items() if k in structure.symbols()} | knobs
     if "lanes" in params and "lanes" not in chosen:

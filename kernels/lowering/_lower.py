@@ -89,7 +89,8 @@ def lower(graph: KernelGraph, config: MappingT[str, int] | None = None,
                 raise ValueError(f"config: splitk={knobs['splitk']} cannot split {what}: its "
                                  "phases are split into kernels")
             for k in kernels:
-                split_k(k, int(knobs["splitk"]), what, bool(knobs.get("triton")))
+                split_k(k, int(knobs["splitk"]), what, bool(knobs.get("triton")),
+                        int(knobs.get("splitk_launches", 2)))
         plan.kernels += kernels
         if knobs.get("triton") and op.kind == "graph_kernel":
             stages = int(knobs.get("stages", 3))
@@ -129,7 +130,7 @@ def _choose_triton(plan: KernelPlan) -> None:
             raise ValueError(f"config: triton=1 cannot run {k.name}: it splits rows across "
                              "blocks (split > 1 or phases joined by a barrier); use triton=0")
         tiles = [b.name for b in k.buffers.values()
-                 if b.level is Level.GLOBAL and b.role != "splitk"]
+                 if b.level is Level.GLOBAL and b.role not in ("splitk", "splitk_count")]
         if tiles:
             raise ValueError(f"config: triton=1 cannot run {k.name}: it stores and reloads "
                              f"the workspace tiles {tiles}; use triton=0")

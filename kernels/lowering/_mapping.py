@@ -35,9 +35,11 @@ from ._plan import pad
 # KiB (0: every Regional tile Global), the tuner's choice of memory level; default the device's.
 # triton: 1 prints the plan in the Triton dialect (GPU only), stages its software-pipelining
 # depth (Triton's num_stages), splitk the programs per virtual block that share its for-loop
-# (split-K, Triton only: ``_splitk.split_k``).
+# (split-K, Triton only: ``_splitk.split_k``), splitk_launches 1 or 2 how its part after the
+# loop runs (by the last program of each virtual block, or in a second launch; absent: 2, the
+# form configs stored before the knob existed were measured with).
 KNOBS = ("block", "lanes", "split", "vpack", "smem_kb", "tile_rows", "stream", "triton",
-         "stages", "splitk")
+         "stages", "splitk", "splitk_launches")
 ZERO_OK = ("smem_kb", "tile_rows", "stream", "triton")  # knobs for which 0 means "none" / "off"
 SWITCHES = ("stream", "triton")  # knobs that are 0 or 1
 LONG_ROW = 1024  # AStitch: rows longer than this are worth splitting across blocks

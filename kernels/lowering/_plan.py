@@ -35,7 +35,7 @@ class Buffer:
     name: str
     shape: tuple[int, ...]
     level: Level
-    role: str  # input | output | tensor | tile | accum | partial | scratch | splitk
+    role: str  # input | output | tensor | tile | accum | partial | scratch | splitk | splitk_count
     dtype: str = "float32"  # storage dtype; everything but program inputs/outputs is float32
     offset: int = 0  # regional: bytes into shared memory; workspace: floats into it
     per_item: int = 0  # workspace scratch: floats per work item (or per virtual block)
@@ -224,14 +224,17 @@ class Kernel:
     notes: list[str] = field(default_factory=list)
     parallel: bool = True  # worth forking threads for (cpu; ``_schedule``)
     # split-K (the Triton dialect only): programs per virtual block, each running 1/splitk of
-    # the for-loop and adding its accumulators into the workspace (``splitk`` buffers); an
-    # epilogue launch per virtual block then finishes the kernel (``programs``)
+    # the for-loop and adding its accumulators into the workspace (``splitk`` buffers); the
+    # part after the loop then runs once per virtual block, in a second launch (an epilogue
+    # program) or, with ``splitk_launches`` 1, in whichever program adds its sums last (a
+    # ``splitk_count`` counter per virtual block tells it)
     splitk: int = 1
+    splitk_launches: int = 2
 
     @property
     def programs(self) -> list[str]:
         """The names of the device programs this kernel launches, in order."""
-        if self.splitk > 1:
+        if self.splitk > 1 and self.splitk_launches == 2:
             return [f"{self.name}_partial", f"{self.name}_epilogue"]
         return [self.name]
 

@@ -92,6 +92,11 @@ class TritonDialect(TileMath):
         sig = f"({', '.join([plan.globals[p].name for p in k.params] + ['ws'])}):"
         if k.splitk == 1:
             return head + ["@triton.jit", f"def {k.name}{sig}", *_indent(self._program())]
+        if k.splitk_launches == 1:
+            head.append(f"#   split-K {k.splitk}: each program runs 1/{k.splitk} of the for-loop "
+                        "and adds its accumulators into the workspace; the last program of "
+                        "each virtual block to add them finishes it")
+            return head + ["@triton.jit", f"def {k.name}{sig}", *_indent(self._program("joined"))]
         part, epilogue = k.programs
         head.append(f"#   split-K {k.splitk}: {part} runs 1/{k.splitk} of the for-loop per "
                     f"program and adds its accumulators into the workspace; {epilogue} "
@@ -102,13 +107,14 @@ class TritonDialect(TileMath):
 
     def _program(self, part: str = "") -> list[str]:
         """One program's body: the whole kernel, or (split-K) its ``partial`` part (the loop
-        before it and a slice of the for-loop, accumulators added into the workspace) or its
+        before it and a slice of the for-loop, accumulators added into the workspace), its
         ``epilogue`` (the part before the loop again, the summed accumulators read back from
-        the workspace and zeroed, the part after the loop)."""
+        the workspace and zeroed, the part after the loop) or both ``joined`` in one program,
+        the epilogue run by the last program of the virtual block (``_last_program``)."""
         k = self._k
         loops = k.phases[0].loops if k.phases else []
         body = ["vb = tl.program_id(0)"]
-        if part == "partial":
+        if part in ("partial", "joined"):
             body.append("ks = tl.program_id(1)  # which slice of the for-loop (split-K)")
         g0, g1, _ = k.grid
         decode = {0: f"vb % {g0}", 1: f"(vb // {g0}) % {g1}", 2: f"vb // {g0 * g1}"}
@@ -126,6 +132,7 @@ class TritonDialect(TileMath):
         self._last_unbounded = False
         for lp in stages["pre"]:
             body += self.loop(lp, index[id(lp)], in_body=False)
+        tail: list[str] = []  # what runs after the loop (split-K: once per virtual block)
         if stages["body"]:
             init = self._carried(stages["body"])
             if part == "epilogue":
@@ -135,19 +142,22 @@ class TritonDialect(TileMath):
                 for lp in stages["body"]:
                     inner += self.loop(lp, index[id(lp)], in_body=True)
                 steps = f"{k.forloop}"
-                if part == "partial":
+                if part in ("partial", "joined"):
                     n = k.forloop // k.splitk
                     steps = f"ks * {n}, ks * {n} + {n}"
                 body += [*init, f"for it in range({steps}):", *_indent(inner)]
             if part == "partial":
                 return body + self._scatter()
+            if part == "joined":
+                body += self._scatter() + self._last_program()
+                tail += self._gather()
             for var, (li, st) in self._accs.items():
                 lp = loops[li]
-                body += [f"# {st.comment or 'accumulated output'}: stored once after the loop",
+                tail += [f"# {st.comment or 'accumulated output'}: stored once after the loop",
                          *self._index_lines(lp, li), *self._store_global(st, var, lp, li)]
         for lp in stages["post"]:
-            body += self.loop(lp, index[id(lp)], in_body=False)
-        return body
+            tail += self.loop(lp, index[id(lp)], in_body=False)
+        return body + (_indent(tail) if part == "joined" else tail)
 
     def _slots(self) -> list[tuple[str, Buffer, list[str], str]]:
         """Split-K: per workspace slot, (the accumulator variable it holds, the slot, the
@@ -171,6 +181,22 @@ class TritonDialect(TileMath):
         for var, b, lines, mask in self._slots():
             out += [*lines, f"tl.atomic_add({b.name}_p, {var}, mask={mask}, sem=\"relaxed\")"]
         return out
+
+    def _last_program(self) -> list[str]:
+        """Split-K in one launch: the program that adds its sums last finishes the virtual
+        block (``kernels.lowering._splitk``).  The block barrier orders every thread's atomic
+        adds before the ticket; the ticket's acquire-release add (one thread of the program,
+        Triton's lowering of a scalar atomic) publishes them, and shows the last program all
+        the others'.  It resets the counter for the next call."""
+        [count] = [b for b in self._k.buffers.values() if b.role == "splitk_count"]
+        return ["# split-K: the last of this virtual block's programs to add its sums finishes "
+                "it",
+                "tl.debug_barrier()  # every thread's partial sums are added before the ticket",
+                f"sk_count_p = (ws + {count.offset} + vb * {count.per_item})"
+                ".to(tl.pointer_type(tl.int32))",
+                "sk_ticket = tl.atomic_add(sk_count_p, 1, sem=\"acq_rel\", scope=\"gpu\")",
+                f"if sk_ticket == {self._k.splitk - 1}:",
+                "    tl.atomic_xchg(sk_count_p, 0, sem=\"relaxed\")  # for the next call"]
 
     def _gather(self) -> list[str]:
         """The summed accumulators read and their slots zeroed for the next call in one atomic

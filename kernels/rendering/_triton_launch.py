@@ -26,7 +26,8 @@ class TritonLaunch:
 
 def triton_launches(plan: KernelPlan) -> list[TritonLaunch]:
     """The launches of ``plan``'s Triton module, in order: per kernel one program per virtual
-    block, or with split-K (``Kernel.splitk``) its partial programs, then its epilogue."""
+    block, or with split-K (``Kernel.splitk``) its partial programs, then (unless the last
+    partial program of each virtual block finishes it) its epilogue."""
     n_in = len(plan.inputs)
     stages = (("num_stages", int(plan.config["stages"])),) if plan.config.get("stages") else ()
     out = []
@@ -43,6 +44,7 @@ def triton_launches(plan: KernelPlan) -> list[TritonLaunch]:
         names.append("ws")
         opts = (("num_warps", max(1, k.mapping.threads // 32)), *stages)
         grids = [(k.vblocks,)] if k.splitk == 1 else [(k.vblocks, k.splitk), (k.vblocks,)]
+        grids = grids[:len(k.programs)]  # split-K in one launch: no epilogue launch
         for program, grid in zip(k.programs, grids, strict=True):
             call = ", ".join([*names, *(f"{n}={v}" for n, v in opts)])
             out.append(TritonLaunch(program, grid, tuple(args), opts,

@@ -488,22 +488,25 @@ def _splitk_configs(structure) -> list[dict[str, int]]:
     return [base, {**base, "g0": 2}]
 
 
+@pytest.mark.parametrize("launches", [1, 2])
 @pytest.mark.parametrize("splitk", [2, 4])
 @pytest.mark.parametrize("name", WEIGHT_BOUND)
 def test_split_k_weight_streams_match_the_program_on_two_calls_in_a_row(
-        name, splitk, interp, worker):
+        name, splitk, launches, interp, worker):
     program = small_instance(load_program(name), 64)
     structure = handwritten(program)
     for config in _splitk_configs(structure):
-        config = {**config, "splitk": splitk}
+        config = {**config, "splitk": splitk, "splitk_launches": launches}
         plan = interp.lower(structure, config, f"sk_{name}")
         k = plan.kernels[0]
-        assert k.splitk == splitk and k.programs == [f"{k.name}_partial", f"{k.name}_epilogue"]
-        slots = [b for b in k.buffers.values() if b.role == "splitk"]
+        programs = [f"{k.name}_partial", f"{k.name}_epilogue"] if launches == 2 else [k.name]
+        assert k.splitk == splitk and k.programs == programs
+        slots = [b for b in k.buffers.values() if b.role.startswith("splitk")]
         assert slots and plan.workspace_floats >= sum(b.per_item * k.vblocks for b in slots)
         source = render(plan)
-        assert f"{k.name}_partial[({k.vblocks}, {splitk})]" in source
+        assert f"{programs[0]}[({k.vblocks}, {splitk})]" in source
         assert "tl.atomic_add(" in source
+        assert (f"if sk_ticket == {splitk - 1}:" in source) == (launches == 1)
         res = interp.check(plan, program.build(), worker=worker)
         assert res.status == "ok", (name, config, res.message)
         # the same kernel object (one workspace) called twice: right both times, and the
@@ -524,6 +527,22 @@ def test_the_two_call_check_catches_a_workspace_left_dirty(interp, worker):
     assert dirty != source
     res = interp.check(plan, program.build(), source=dirty + TWICE, worker=worker)
     assert res.status != "ok" and "not zero" in res.message, res.message
+
+
+def test_the_two_call_check_catches_a_program_finishing_before_the_last_sums(interp, worker):
+    """Split-K in one launch: were the first program to take its ticket to finish the
+    virtual block (instead of the last), the outputs would miss the other programs' sums."""
+    program = small_instance(load_program("rmsnorm_matmul"), 64)
+    structure = handwritten(program)
+    plan = interp.lower(structure, {**_splitk_configs(structure)[1], "splitk": 2,
+                                    "splitk_launches": 1}, "early")
+    source = render(plan)
+    assert interp.check(plan, program.build(), source=source + TWICE,
+                        worker=worker).status == "ok"
+    early = source.replace("if sk_ticket == 1:", "if sk_ticket == 0:")
+    assert early != source
+    res = interp.check(plan, program.build(), source=early + TWICE, worker=worker)
+    assert res.status != "ok", res.message
 
 
 def test_split_k_is_refused_where_the_loop_state_is_not_a_sum():
@@ -573,6 +592,36 @@ def test_paper_shape_split_k_sass_adds_floats_atomically_with_wide_loads_and_no_
             f"sm_{capability} epilogue: the sums are not taken by an atomic exchange"
 
 
+def test_paper_shape_split_k_in_one_launch_takes_its_ticket_after_a_barrier_with_release():
+    """The last program finishes the virtual block: every thread's atomic adds, then a block
+    barrier, then one thread's acquire-release ticket at GPU scope (CUTLASS's split-K
+    semaphore), then the sums taken by atomic exchange; still tensor cores, 128-bit weight
+    loads and no spills."""
+    program = load_program("rmsnorm_matmul")
+    plan = lower(handwritten(program), {**PAPER_CONFIGS["rmsnorm_matmul"], "triton": 1,
+                                        "stages": 3, "splitk": 4, "splitk_launches": 1},
+                 "H100", "rmsnorm_matmul")
+    (k,) = plan.kernels
+    assert k.programs == [k.name]
+    source = render(plan)
+    for capability in (90, 80):
+        (compiled,) = compile_plan(plan, source, capability).values()
+        text, ptx = sass(compiled.asm["cubin"]), compiled.asm["ptx"]
+        where = f"sm_{capability}"
+        assert not re.search(r"\b(STL|LDL)\b", text), f"{where}: spills to local memory"
+        assert re.search(r"\bHMMA\b|\bHGMMA\b", text), f"{where}: no tensor-core instruction"
+        assert re.search(r"\bLDGSTS\S*\.128\b|\bLDG\S*\.128\b", text), \
+            f"{where}: the weights are not read with 128-bit loads"
+        adds = [m.start() for m in re.finditer(r"\bred\.global\S*\.add\.f32", ptx)]
+        ticket = re.search(r"atom\.global\.gpu\.acq_rel\.add\.u32", ptx)
+        assert adds and ticket, f"{where}: no float atomic adds or no acquire-release ticket"
+        assert max(adds) < ticket.start(), f"{where}: a partial sum is added after the ticket"
+        assert "bar.sync" in ptx[max(adds):ticket.start()], \
+            f"{where}: no block barrier between the partial sums and the ticket"
+        assert re.search(r"\bATOMG?\.E\.EXCH\b", text[text.index("ATOMG.E.ADD"):]), \
+            f"{where}: the sums are not taken by an atomic exchange after the ticket"
+
+
 def test_the_gpu_config_space_offers_split_k_and_the_estimate_fills_the_gpu_with_it():
     from kernels import config_space, estimate
     from kernels.configspace import _fill
@@ -595,8 +644,21 @@ def test_the_gpu_config_space_offers_split_k_and_the_estimate_fills_the_gpu_with
         fills.append(_fill(lower(structure, config, spec), spec)[0])
         ests.append(estimate(structure, config, spec))
     assert fills[0] < fills[1] <= fills[2], fills  # 96 blocks of 132 SMs, then 192, 384
-    assert [e.launches for e in ests] == [1, 2, 2]
+    assert [e.launches for e in ests] == [1, 1, 1]  # the last program finishes a block
     assert ests[0].bytes_moved < ests[1].bytes_moved < ests[2].bytes_moved  # the partials
+    assert [estimate(structure, {**triton_, "splitk": s, "splitk_launches": 2}, spec).launches
+            for s in (1, 2, 4)] == [1, 2, 2]  # an epilogue launch
+    # splitk_launches: offered with split-K, read only where it splits; a config stored
+    # before the knob existed keeps the two launches it was measured with
+    assert space.params["splitk_launches"] == (1, 2) and space.default["splitk_launches"] == 1
+    one = {**triton_, "splitk": 1}
+    assert space.canonical({**one, "splitk_launches": 2}) == space.canonical(
+        {**one, "splitk_launches": 1})
+    old = {k: v for k, v in triton_.items() if k != "splitk_launches"} | {"splitk": 4}
+    assert space.check(old) is None and space.canonical(old)["splitk_launches"] == 2
+    assert lower(structure, old, spec).kernels[0].programs[-1].endswith("_epilogue")
+    assert "must be 1" in legal(structure, {**triton_, "splitk": 4, "splitk_launches": 3},
+                                spec)
 
 
 def test_split_k_of_an_output_accumulated_in_place(interp, worker):

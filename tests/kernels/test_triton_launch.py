@@ -63,6 +63,12 @@ def test_a_split_k_kernel_launches_its_partials_then_its_epilogue():
     assert partial.grid == (k.vblocks, 4) and epilogue.grid == (k.vblocks,)
     source = render(plan, "triton")
     assert source.index(partial.line) < source.index(epilogue.line)
+    # with its last program finishing each virtual block: one launch of every program
+    plan = lower(structure, {**triton_default_config(structure, spec), "splitk": 4,
+                             "splitk_launches": 1}, spec, "s")
+    (k,) = plan.kernels
+    (joined,) = triton_launches(plan)
+    assert joined.kernel == k.name == k.programs[0] and joined.grid == (k.vblocks, 4)
 
 
 class _Array:

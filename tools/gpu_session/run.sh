@@ -31,7 +31,7 @@ P="rmsnorm_matmul gated_mlp lora gqa qknorm_gqa mha mqa ntrans"
 phase "${GPUTEST:-110}" gpu-test python3 -m pytest -p no:cacheprovider -m gpu -rs -s -q tests/kernels/test_gpu.py > "$OUT/gputest.log" 2>&1
 tail -3 "$OUT/gputest.log"
 phase "${WEIGHTS:-60}" weights python3 benchmarks/weight_streams.py --programs rmsnorm_matmul gated_mlp \
-  --set F=32,64 g0=48,64,96 --splitk 1 2 4 --stages 3 4 --blocks 128 --json "$OUT/weights.json" > "$OUT/weights.txt" 2>&1
+  --set F=32 g0=48,64,96 --splitk 1 2 4 --splitk-launches 1 2 --stages 4 --blocks 128 --json "$OUT/weights.json" > "$OUT/weights.txt" 2>&1
 grep '^# ' "$OUT/weights.txt"
 python3 -c "import json, sys; rows = json.load(open(sys.argv[1])); print(json.dumps([r for p in {r['program'] for r in rows} for r in sorted((r for r in rows if r['program'] == p), key=lambda r: r['call_ms'])[:3]]))" "$OUT/weights.json" > "$OUT/given.json" 2>/dev/null || echo "[]" > "$OUT/given.json"
 SWEEPFILE="$OUT/sweep_${commit}.jsonl"
