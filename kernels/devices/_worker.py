@@ -30,7 +30,8 @@ from ._timing import measure
 # 16 bytes past a page (the chunk header), so a full-width vector load of each row straddles two
 # cache lines.  Kernels are timed there, not on 64-byte aligned buffers: gated_mlp's best as
 # timed aligned (6.3 ms) ran 9.6 ms through tuner.load on numpy arrays, and the tuner had
-# preferred it to a config that ran 7.7 there (AMD EPYC, AVX-512).
+# preferred it to a config that ran 7.7 there (AMD EPYC, AVX-512).  Most of that gap was a
+# cache line the matmul's prefetch missed, fixed since (``benchmarks/alignment.py``).
 USER_OFFSET = 16
 
 

@@ -100,7 +100,11 @@ static inline void mm_tile(const TA* const* a, const int sa, const TB* __restric
   // b loaded feeds R fused multiply-adds (GCC vector extensions: the ISA of -march=native).
   // pf != 0: b + pf is fetched into L2 now (rows further down B, or the same tile of the
   // next for-loop iteration); the hardware prefetchers do not follow a walk down rows
-  // thousands of floats apart. TA, TB: float, or half storage (to_f / load_vf convert)
+  // thousands of floats apart. One prefetch per vector, and one of the segment's last
+  // element: on a numpy array (16 bytes past a cache line) the segment touches one line more
+  // than its vectors start on, and that line was a demand miss every row (AVX-512 EPYC:
+  // gated_mlp 6.1 -> 3.4 ms, rmsnorm_matmul 3.1 -> 1.9; aligned inputs unchanged).
+  // TA, TB: float, or half storage (to_f / load_vf convert)
   tuner_vf acc[R][CB];
 #pragma GCC unroll 8
   for (int q = 0; q < R; ++q)
@@ -108,9 +112,11 @@ static inline void mm_tile(const TA* const* a, const int sa, const TB* __restric
     for (int j = 0; j < CB; ++j) acc[q][j] = tuner_vf{};
   for (int k = 0; k < kn; ++k) {
     const TB* bk = b + k * sb + c0;
-    if (pf)
+    if (pf) {
 #pragma GCC unroll 8
       for (int j = 0; j < CB; ++j) __builtin_prefetch(bk + pf + j * TUNER_VL, 0, 1);
+      __builtin_prefetch(bk + pf + CB * TUNER_VL - 1, 0, 1);
+    }
     tuner_vf bv[CB];
 #pragma GCC unroll 8
     for (int j = 0; j < CB; ++j) bv[j] = load_vf(bk + j * TUNER_VL);
