@@ -225,14 +225,23 @@ def _matmul_prefetch(lp: Loop, st: Let, k: Kernel, plan: KernelPlan, spec: Devic
     When the loop walks down B's rows the prefetch runs PREFETCH_ROWS rows ahead, across into
     the next iteration's tile near the end of this one; otherwise it fetches the same tile of
     the next iteration.  gated_mlp, one thread: no prefetch 12.1-12.7 ms, a whole 64-row tile
-    ahead 8.8-10.2 ms, 16 rows ahead 7.9-9.2 ms (8 rows: 9.3 ms, 32 rows: 8.5 ms)."""
+    ahead 8.8-10.2 ms, 16 rows ahead 7.9-9.2 ms (8 rows: 9.3 ms, 32 rows: 8.5 ms).
+    Without a for-loop, a matmul that walks a long k down B's rows a page or more apart (the
+    whole K at once) prefetches PREFETCH_ROWS rows ahead too: gated_mlp's searched structures
+    without a for-loop had none and took 7.8-8.8 ms on numpy arrays where the hand-written
+    one's 64-row steps took 3.4 (AMD EPYC, AVX-512, 2 threads), and the launch tuned them."""
     b_access = st.access[1]
     v = next(v for v in k.views if v.name == b_access.view)
     kk, row_stride = st.attrs["k"], b_access.red
-    if lp.stage != "body" or k.forloop < 2 or v.iter * 4 < 4096 or \
-            not _from_memory(k, plan, st, spec):
+    if not _from_memory(k, plan, st, spec):
         return 0
-    return min(PREFETCH_ROWS, kk) * row_stride if v.iter == kk * row_stride else v.iter
+    if lp.stage == "body" and k.forloop >= 2:
+        if v.iter * 4 < 4096:
+            return 0
+        return min(PREFETCH_ROWS, kk) * row_stride if v.iter == kk * row_stride else v.iter
+    if kk >= 2 * PREFETCH_ROWS and row_stride * 4 >= 4096:
+        return PREFETCH_ROWS * row_stride
+    return 0
 
 
 def _from_memory(k: Kernel, plan: KernelPlan, st: Let, spec: DeviceSpec) -> bool:

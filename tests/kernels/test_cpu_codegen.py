@@ -193,3 +193,18 @@ def test_register_tiles_fit_the_isa_and_a_strided_b_is_packed(isa, tile):
     assert tile in source and "pack_rows(pk_" in source
     res = check_plan(plan, program.build(), source=source)
     assert res.status == "ok", res.message
+
+
+@pytest.mark.parametrize("steps", [1, 64])
+def test_a_weight_stream_prefetches_b_rows_ahead_with_or_without_a_for_loop(steps):
+    """A decode-sized matmul walking B's rows a page apart prefetches 16 rows ahead, whether
+    its for-loop walks K in 64 steps or it takes all of K at once (without, gated_mlp's
+    searched structures took 7.8-8.8 ms where the hand-written one took 3.4 on an AMD EPYC)."""
+    spec = replace(local_cpu_spec(), arch="x86_64-avx512", l2_bytes=1 << 20,
+                   llc_bytes=32 << 20)
+    plan = lower(handwritten(load_program("gated_mlp")), {"F": steps, "g0": 8, "tile_rows": 8},
+                 spec, "gm")
+    calls = re.findall(r"mm_rows<\d+>\([^;]*\);", render(plan, "cpp"))
+    assert len(calls) == 2, calls
+    assert all(call.endswith(f", {4096 // steps}, 512, {call.split(', ')[-2]}, "
+                             "r0 == 0 ? 65536 : 0);") for call in calls), calls
