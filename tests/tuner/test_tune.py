@@ -369,3 +369,18 @@ def test_a_library_win_by_the_noise_is_stored_uncertain(tmp_path, rmsnorm_matmul
     doubt = launch("doubt", [0.50, 0.51, 0.50], kernel_doubt="12 of 12 re-timings were noisy")
     assert doubt == ("the tuned kernels' timings could not settle them (12 of 12 re-timings "
                      "were noisy)"), doubt
+
+
+def test_a_for_loops_own_adds_do_not_rank_it_behind_structures_without_one() -> None:
+    """gated_mlp: 21 verified structures tie on the estimate; the for-loop one (64-row steps,
+    cache-sized tiles: the search's first) differs from those taking all of K at once only
+    by the loop's adds, 0.8% of the FLOPs.  It goes first, as the search ranked it."""
+    from kernels import rank_structures
+
+    program = load_program("gated_mlp")
+    result = search_program(program, executor=LocalExecutor())
+    structures = [result.verified[s["hash"]] for s in result.structures]
+    cpu = replace(local_cpu_spec(), peak_fp32_flops=1e15, peak_fp16_tensor_flops=1e15)
+    first = structures[rank_structures(structures, cpu)[0]]
+    assert first.symbols() >= {"F"}, first.symbols()  # walks K in for-loop steps
+    assert rank_structures(structures, cpu)[0] == 0
