@@ -112,9 +112,10 @@ class ConfigSpace:
         value it was measured with (``ABSENT_MEANS``)."""
         out = dict(config)
         if "splitk_launches" in self.params:  # read only where split-K splits the loop
-            out["splitk_launches"] = int(out.get("splitk_launches", ABSENT_MEANS[
-                "splitk_launches"]) if int(out.get("splitk", 1)) > 1 else
-                self.default["splitk_launches"])
+            if int(out.get("splitk", 1)) > 1:
+                out.setdefault("splitk_launches", ABSENT_MEANS["splitk_launches"])
+            else:
+                out["splitk_launches"] = self.default["splitk_launches"]
         if not int(out.get("triton", 0)):
             return out
         if "smem_kb" in out and "smem_kb" in self.default:

@@ -364,6 +364,9 @@ def split_config(config: MappingT[str, int] | None) -> tuple[dict[str, int], dic
     for k, v in knobs.items():
         if k in SWITCHES and v not in (0, 1):
             raise ValueError(f"config: {k}={v} must be 0 (off) or 1 (on)")
+        if k == "splitk_launches" and v not in (1, 2):
+            raise ValueError(f"config: splitk_launches={v} must be 1 (the last program of a "
+                             "virtual block finishes it) or 2 (an epilogue launch does)")
         if v < (0 if k in ZERO_OK else 1):
             raise ValueError(f"config: {k}={v} must be a positive integer"
                              f"{' or 0' if k in ZERO_OK else ''}")

@@ -38,9 +38,6 @@ def split_k(k: Kernel, s: int, what: str, triton: bool, launches: int = 2) -> No
     if not triton:
         raise ValueError(f"config: splitk={s} needs the Triton dialect (triton=1): only its "
                          "printer has the partial and epilogue programs")
-    if launches not in (1, 2):
-        raise ValueError(f"config: splitk_launches={launches} must be 1 (the last program of "
-                         "a virtual block finishes it) or 2 (an epilogue launch does)")
     if k.forloop % s:
         raise ValueError(f"config: splitk={s} must divide the for-loop range {k.forloop} of "
                          f"{what} ({k.name})")
