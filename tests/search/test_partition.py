@@ -26,6 +26,7 @@ from search import (
     plan_pieces,
     small_instance,
 )
+from search.partition import needs_pieces
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "benchmarks" / "programs"
 
@@ -190,3 +191,38 @@ outputs: [O]
         assert len(names) == len(set(names)), piece.program.body
     joined = join_pieces(program, pieces, [p.program.build() for p in pieces])
     assert verify_structure(joined, program.build())[0]
+
+
+SWIGLU = """
+name: swiglu
+dtype: float32
+inputs:
+  X: [4, {model}]
+  Wg: {{shape: [{model}, {hidden}], layout: transposed}}
+  Wu: {{shape: [{model}, {hidden}], layout: transposed}}
+  Wd: {{shape: [{hidden}, {model}], layout: transposed}}
+body: |
+  H = silu(matmul(X, Wg)) * matmul(X, Wu)
+  O = matmul(H, Wd)
+outputs: [O]
+"""
+
+
+def test_a_weight_streamed_then_contracted_is_searched_in_pieces_at_any_size():
+    """A Llama MLP (5 ops: the default threshold is 7) is cut after its gate and up
+    projections, whose 2 MB weights every block of the down projection would otherwise read
+    again; LoRA's (X·A)·B, whose A is 256 x 16, and the rest of the suite stay whole, and
+    partition_above=None still means never."""
+    mlp = parse_program(SWIGLU.format(model=512, hidden=1024))
+    limits = Limits()
+    assert needs_pieces(mlp.build(), limits.partition_above, limits.partition_min_heavy)
+    assert not needs_pieces(mlp.build(), None, limits.partition_min_heavy)
+    tiny = parse_program(SWIGLU.format(model=64, hidden=128))  # 32 KB weights: fused is fine
+    assert not needs_pieces(tiny.build(), limits.partition_above, limits.partition_min_heavy)
+    for name in ("rmsnorm_matmul", "gated_mlp", "lora", "gqa", "qknorm_gqa", "mha", "mqa",
+                 "ntrans"):
+        graph = load_program(name).build()
+        assert not needs_pieces(graph, limits.partition_above, limits.partition_min_heavy), name
+    result = search_program(mlp, executor=LocalExecutor())
+    assert result.partition is not None and result.partition["verified_whole"]
+    assert [p["ops"] for p in result.partition["pieces"]] == [4, 1]
