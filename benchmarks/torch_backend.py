@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--max-ops", type=int, default=None,
+                    help="the largest region handed to the search (default: the backend's)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -79,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         model, args = blocks.block(name, a.hidden, a.rows, dtype)
         with torch.no_grad():
             inductor = torch.compile(model)
+            extra = {"max_ops": a.max_ops} if a.max_ops else {}
             ours = tuner.compile(model, db=a.db, tune="cached" if a.no_tune else "now",
-                                 budget_s=a.budget, trials=8, structures=a.structures)
+                                 budget_s=a.budget, trials=8, structures=a.structures, **extra)
             want = model(*args)
             tuner.pytorch.register()
-            backend = torch.compile(model, backend="tuner", options={"db": a.db})
+            backend = torch.compile(model, backend="tuner", options={"db": a.db, **extra})
             for fn in (inductor, ours, backend):  # compile (and tune) before any timing
                 got = fn(*args)
                 for g, w in zip(got if isinstance(got, tuple) else (got,),

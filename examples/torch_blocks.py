@@ -40,6 +40,18 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class LlamaMLPLayer(nn.Module):
+    """The second half of a Llama decoder layer: RMSNorm, the SwiGLU MLP, the residual add."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.post_attention_layernorm = LlamaRMSNorm(hidden)
+        self.mlp = LlamaMLP(hidden, intermediate)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
 class GPT2MLP(nn.Module):
     """GPT-2's MLP: the tanh GELU written out (``gelu_new``), linears with bias."""
 
@@ -103,6 +115,8 @@ def block(name: str, hidden: int, rows: int, dtype: torch.dtype = torch.float32,
         args: tuple[torch.Tensor, ...] = (act(1, rows, hidden),)
     elif name == "llama_mlp":
         m, args = LlamaMLP(hidden, 2 * hidden), (act(1, rows, hidden),)
+    elif name == "llama_mlp_layer":
+        m, args = LlamaMLPLayer(hidden, 2 * hidden), (act(1, rows, hidden),)
     elif name == "gpt2_mlp":
         m, args = GPT2MLP(hidden, 2 * hidden), (act(1, rows, hidden),)
     elif name == "attention":
@@ -121,4 +135,4 @@ def block(name: str, hidden: int, rows: int, dtype: torch.dtype = torch.float32,
     return m.to(dtype).eval(), args
 
 
-BLOCKS = ("rmsnorm", "llama_mlp", "gpt2_mlp", "attention", "layernorm", "residual_rmsnorm")
+BLOCKS = ("rmsnorm", "llama_mlp", "llama_mlp_layer", "gpt2_mlp", "attention", "layernorm", "residual_rmsnorm")

@@ -31,6 +31,7 @@ _spec.loader.exec_module(blocks)  # type: ignore[union-attr]
 
 # the op-table ops each block's translation needs, beyond matmul, the pointwise ops and sums
 NEEDS = {"rmsnorm": {"add_scalar", "rsqrt"}, "llama_mlp": set(),
+         "llama_mlp_layer": {"add_scalar", "rsqrt"},
          "gpt2_mlp": {"add_scalar", "tanh"}, "attention": set(),
          "layernorm": {"add_scalar", "rsqrt"}, "residual_rmsnorm": {"add_scalar", "rsqrt"}}
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
@@ -76,6 +77,24 @@ def test_every_block_runs_without_a_kernel_and_says_why(name: str, tmp_path: Pat
     assert not report.kernels and all(r.reason for r in report.fallbacks)
     assert all("\n" not in why for _op, why in report.uncaptured)
     assert f"of {report.total} ATen ops captured" in str(report)
+
+
+def test_a_decoder_layers_mlp_half_is_one_program(tmp_path: Path) -> None:
+    """RMSNorm, gate, up, SwiGLU, down and the residual add (12 µGraph ops) become one
+    program by default: the search takes it in pieces (search.partition), and the whole runs
+    as one call.  With regions of at most 8 ops it was cut at the 8th op into two programs
+    that each lost to PyTorch; max_ops still bounds a region."""
+    model, args = blocks.block("llama_mlp_layer", hidden=64, rows=4)
+    with torch.no_grad():
+        compiled = tuner.compile(model, db=f"sqlite:///{tmp_path / 'none.db'}",
+                                 fallback="eager")
+        _close(compiled(*args), model(*args), torch.float32)
+        small = tuner.compile(model, db=f"sqlite:///{tmp_path / 'none.db'}",
+                              fallback="eager", max_ops=8)
+        _close(small(*args), model(*args), torch.float32)
+    (region,) = compiled.report().regions
+    assert region.ops == 12 and compiled.report().captured == compiled.report().total
+    assert [r.ops for r in small.report().regions] == [8, 4]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

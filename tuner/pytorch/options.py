@@ -23,7 +23,7 @@ class Options:
     structures: int = 3
     job_file: str | None = None  # tune="job": where the job goes (default ./tuner_job.yaml)
     fallback: str = "inductor"
-    max_ops: int = 8  # the largest region handed to the search
+    max_ops: int = 32  # the largest region handed to the search (searched in pieces)
     check: bool = True  # run each loaded kernel once against the float64 reference
     race: bool = True  # time each kernel against PyTorch's ops for its region; keep the faster
     verbose: bool = False

@@ -3,8 +3,8 @@
 Greedy, in graph order: each node the table can write joins the region(s) of its operands when
 the union is still *convex* (no path leaves it and comes back: the region must be able to run
 as one call), still writes as one kernel graph (``emitter.emit_region``) and stays within
-``max_ops`` compute ops (what the search finishes in its time limit; partitioning whole layers
-is a separate piece of work; one ATen op, such as a layer_norm, is a region even where it is
+``max_ops`` compute ops (a region of more than the search takes whole is searched in pieces,
+``search.partition``; one ATen op, such as a layer_norm, is a region even where it is
 larger); else it joins the largest one it can, else starts its own.  A
 node that cannot be written gets a one-line reason for the report.
 """
@@ -80,7 +80,7 @@ def _computes(graph: Any) -> list:
     return out
 
 
-def partition(graph: Any, max_ops: int = 8) -> Partition:
+def partition(graph: Any, max_ops: int = 32) -> Partition:
     """Regions of ``graph`` (an ATen ``torch.fx.Graph``) and the reasons for the rest."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     region_of: dict = {}
