@@ -310,6 +310,16 @@ class Reads:
         return [ProgramSummary(r[0], r[1], r[2], r[3], r[4], int(r[5] or 0), int(r[6] or 0),
                                int(r[7] or 0), int(r[8] or 0), utc(r[9])) for r in rows]
 
+    def program_graphs(self, name: str) -> list[tuple[Any, str, Any]]:
+        """(shapes, dtype, reference graph) of every program stored under ``name``, oldest
+        first: what a program known only by its name in the database (a PyTorch region's
+        ``torch_<hash>``) is rebuilt from."""
+        with self._lookup.connect() as conn:
+            rows = conn.execute(select(ProgramRow.shapes_key, ProgramRow.dtype,
+                                       ProgramRow.graph_json)
+                                .where(ProgramRow.name == name).order_by(ProgramRow.id)).all()
+        return [(loads(shapes), dtype, loads(graph)) for shapes, dtype, graph in rows]
+
     def shard_results(self, job_id: int, prefix: str = "") -> dict[str, Any]:
         """Stats of the job's finished shards whose key starts with ``prefix``, by key."""
         with self._lookup.connect() as conn:

@@ -131,6 +131,13 @@ def test_tuned_now_the_block_runs_as_kernels(name: str, dtype: torch.dtype, url:
     other = blocks.block(name, hidden=64, rows=4, dtype=dtype, seed=1)[1]  # new inputs
     with torch.no_grad():
         _close(again(*other), model(*other), dtype)
+    # the report's program name is enough to query the database (no program file exists)
+    from tuner.cli import main
+
+    program = report.kernels[0].program
+    assert main(["best", program, "--db", url]) == 0
+    assert tuner.best(program, url=url) is not None
+    assert main(["best", "torch_000000000000", "--db", url]) == 2
 
 
 def test_under_autograd_the_kernels_stay_inside_aot(url: str) -> None:

@@ -150,12 +150,11 @@ def _best_spec(job: Any, program: str) -> str | None:
 
 def cmd_best(args: argparse.Namespace) -> int:
     import db
-    from search import load_program
 
-    from ..serving import best, launch_hint, tuned_best, tuned_elsewhere
+    from ..serving import best, launch_hint, resolve_program, tuned_best, tuned_elsewhere
 
-    program = load_program(args.program, parse_pairs(args.set))
     with db.connect(args.db, migrate_schema=False) as database:
+        program = resolve_program(args.program, parse_pairs(args.set), database)
         record = best(program, device=args.device, database=database)
         if record is None and not args.set:  # tuned only at other shapes? (issue 10, item 6)
             program, record = _best_at_stored_shapes(args, program, database)

@@ -13,10 +13,11 @@ from .cache import (
     launch_hint,
     load,
     resolve_device_key,
+    resolve_program,
     tuned_best,
     tuned_elsewhere,
 )
 from .status import status
 
 __all__ = ["UncertainBestWarning", "best", "bests_at_stored_shapes", "kernel_from_record", "launch_hint", "load",
-           "resolve_device_key", "status", "tuned_best", "tuned_elsewhere"]
+           "resolve_device_key", "resolve_program", "status", "tuned_best", "tuned_elsewhere"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import db
 from kernels import OK
-from search import Program, from_obj, load_program
+from search import Program, ProgramError, from_obj, load_program
 
 from ..api import InputError
 from ..formatting import SETTLE
@@ -78,17 +78,45 @@ def tuned_elsewhere(program: Program, device: str | None, database: db.Database 
             database.close()
 
 
+def resolve_program(spec: str, overrides: Mapping[str, Any] | None,
+                    database: db.Database) -> Program:
+    """``spec`` as ``load_program`` reads it (a built-in name or a program file), or else the
+    program stored in ``database`` under that name: a PyTorch region (``torch_<hash>``, as
+    the compile's report names it) or a Mirage graph's program exist nowhere else.  A name
+    stored at several shapes or dtypes is an error listing them."""
+    try:
+        return load_program(spec, overrides)
+    except ProgramError as err:
+        if overrides or "not a built-in program" not in str(err):
+            raise
+        stored = database.program_graphs(spec)
+        if not stored:
+            raise InputError(f"{spec}: not a built-in program, no such file, and no program "
+                             "of that name in the database (`tuner status` lists them)") from err
+    from ..mirage_compat import to_program
+
+    programs = [to_program(from_obj(graph), spec) for _, _, graph in stored]
+    if len(programs) > 1:
+        held = "; ".join(f"{p.dtype} " + ", ".join(f"{k} {'x'.join(map(str, v))}"
+                                                     for k, v in p.inputs.items())
+                         for p in programs)
+        raise InputError(f"{spec}: the database holds {len(programs)} programs of that name "
+                         f"({held}); give its program file to choose one")
+    return programs[0]
+
+
 def best(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
          device: str | None = None, url: str | None = None,
          database: db.Database | None = None) -> db.BestKernel | None:
-    """The best stored kernel of ``program`` (a built-in name, a program file or a Program)
-    at its shapes (after ``overrides``) on ``device`` (a device key, or ``cpu``/``cuda`` for
+    """The best stored kernel of ``program`` (a built-in name, a program file, a Program, or
+    a name only the database knows: ``resolve_program``) at its shapes (after ``overrides``) on ``device`` (a device key, or ``cpu``/``cuda`` for
     this machine's; None: the fastest on any device).  None when nothing was tuned."""
-    prog = program if isinstance(program, Program) else load_program(program, overrides)
-    key = program_key(prog)
     own = database is None
     database = database or db.connect(url, migrate_schema=False)
     try:
+        prog = program if isinstance(program, Program) else \
+            resolve_program(program, overrides, database)
+        key = program_key(prog)
         return database.best_kernel(key.program_hash, key.shapes, key.dtype,
                                     resolve_device_key(device))
     finally:
@@ -108,7 +136,16 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
     run) when nothing was tuned; warns (``UncertainBestWarning``) when the best was stored
     uncertain (``record.uncertain``: its timings could not settle it).
     """
-    prog = program if isinstance(program, Program) else load_program(program, overrides)
+    if isinstance(program, Program):
+        prog = program
+    else:
+        own = database is None
+        opened = database or db.connect(url, migrate_schema=False)
+        try:
+            prog = resolve_program(program, overrides, opened)
+        finally:
+            if own:
+                opened.close()
     record = best(prog, device=device, url=url, database=database)
     if record is None:
         raise InputError(launch_hint(prog.name, prog.inputs, device,
