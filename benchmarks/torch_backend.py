@@ -4,8 +4,9 @@
         [--only NAME ...] [--dtype float32] [--budget S] [--rounds 7] [--calls 50]
         [--no-tune] [--threads N]
 
-The blocks are examples/torch_blocks.py's (Llama RMSNorm and MLP, GPT-2's MLP, causal attention
-written out, LayerNorm, residual + RMSNorm) at decode shapes: ``--rows`` rows (tokens) of
+The blocks are examples/torch_blocks.py's (Llama RMSNorm, MLP and MLP layer (norm, MLP,
+residual), GPT-2's MLP, causal attention written out, LayerNorm, residual + RMSNorm; with
+``--only hf_llama_layer``, transformers' own LlamaDecoderLayer) at decode shapes: ``--rows`` rows (tokens) of
 ``--hidden`` features.  First each block is compiled with ``tune="now"`` into ``--db`` (search
 and tuning within ``--budget`` seconds per compile; what the database already holds is not
 tuned again; ``--no-tune``: use only what it holds), then the three callables are timed
@@ -59,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", default="sqlite:///./torch_bench.db")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=4)
-    ap.add_argument("--only", nargs="*", choices=blocks.BLOCKS)
+    ap.add_argument("--only", nargs="*", choices=blocks.BLOCKS + blocks.OPTIONAL,
+                    help="blocks to run (default: all but the optional "
+                    f"{', '.join(blocks.OPTIONAL)}, which needs transformers)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ap.add_argument("--budget", type=float, default=120.0)
     ap.add_argument("--rounds", type=int, default=7)

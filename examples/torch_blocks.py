@@ -100,6 +100,34 @@ class ResidualRMSNorm(nn.Module):
         return h, self.norm(h)
 
 
+class HFLlamaLayer(nn.Module):
+    """``transformers``' own LlamaDecoderLayer (eager attention, no mask, 4 KV heads), its
+    rotary embeddings computed once for ``rows`` positions: a model nobody here wrote."""
+
+    def __init__(self, hidden: int, rows: int) -> None:
+        super().__init__()
+        import transformers
+        from transformers.models.llama.modeling_llama import (
+            LlamaDecoderLayer,
+            LlamaRotaryEmbedding,
+        )
+
+        cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                                       num_attention_heads=max(1, hidden // 64),
+                                       num_key_value_heads=max(1, hidden // 256),
+                                       num_hidden_layers=1, vocab_size=128)
+        cfg._attn_implementation = "eager"
+        self.layer = LlamaDecoderLayer(cfg, 0)
+        cos, sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1, rows, hidden),
+                                             torch.arange(rows)[None])
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layer(x, position_embeddings=(self.cos, self.sin), attention_mask=None)
+        return out[0] if isinstance(out, tuple) else out
+
+
 def block(name: str, hidden: int, rows: int, dtype: torch.dtype = torch.float32,
           seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """One block and its inputs at real scale: activations ~N(0, 1), weights ~N(0, 1/fan_in)
@@ -126,8 +154,10 @@ def block(name: str, hidden: int, rows: int, dtype: torch.dtype = torch.float32,
         m, args = LayerNorm(hidden), (act(rows, hidden),)
     elif name == "residual_rmsnorm":
         m, args = ResidualRMSNorm(hidden), (act(1, rows, hidden), act(1, rows, hidden))
+    elif name == "hf_llama_layer":
+        m, args = HFLlamaLayer(hidden, rows), (act(1, rows, hidden),)
     else:
-        raise ValueError(f"unknown block {name!r}; known: {', '.join(BLOCKS)}")
+        raise ValueError(f"unknown block {name!r}; known: {', '.join(BLOCKS + OPTIONAL)}")
     for p in m.parameters():
         if p.dim() == 1:
             with torch.no_grad():
@@ -135,4 +165,6 @@ def block(name: str, hidden: int, rows: int, dtype: torch.dtype = torch.float32,
     return m.to(dtype).eval(), args
 
 
-BLOCKS = ("rmsnorm", "llama_mlp", "llama_mlp_layer", "gpt2_mlp", "attention", "layernorm", "residual_rmsnorm")
+BLOCKS = ("rmsnorm", "llama_mlp", "llama_mlp_layer", "gpt2_mlp", "attention", "layernorm",
+          "residual_rmsnorm")
+OPTIONAL = ("hf_llama_layer",)  # needs transformers (the dev extra)

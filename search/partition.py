@@ -80,9 +80,10 @@ def needs_pieces(graph: KernelGraph, partition_above: int | None, min_heavy: int
 LARGE_OPERAND = 1 << 20
 
 
-def costly_contraction(graph: KernelGraph) -> bool:
+def costly_contraction(graph: KernelGraph, row_reductions: bool = True) -> bool:
     """Whether a matmul over a long inner dim, whose B is large (``LARGE_OPERAND``: a weight,
-    not LoRA's 256 x 16 A), has its result contracted or row-reduced later (a SwiGLU MLP's
+    not LoRA's 256 x 16 A), has its result contracted (by a matmul; with ``row_reductions``
+    also row-reduced: a norm after an output projection) later (a SwiGLU MLP's
     gate and up projections, then the down projection).  The search builds one graph-defined
     kernel, or the ops as library kernels, never two graph-defined kernels; fused, every block
     of the contraction would read the whole weight again (``_fusable``), so only the pieces
@@ -92,7 +93,8 @@ def costly_contraction(graph: KernelGraph) -> bool:
     long_rows: set[int] = set()
     for op in ops:
         reads_long = any(t in long_rows for t in op.inputs)
-        if reads_long and (op.kind == "matmul" or OPS[op.kind].row_reduction):
+        if reads_long and (op.kind == "matmul" or
+                           (row_reductions and OPS[op.kind].row_reduction)):
             return True
         if op.kind == "matmul":
             inner = _concrete(graph.tensors[op.inputs[0]].shape)[-1]
