@@ -301,7 +301,7 @@ def _check_inputs(emitted: Emitted, positive: bool) -> list[np.ndarray]:
         else:
             a = rng.standard_normal(spec.shape, dtype=np.float32)
             if positive:
-                a = 0.5 + np.abs(a)
+                a = (0.5 + np.abs(a)).astype(np.float32)
         arrays.append(a)
     return arrays
 
