@@ -153,8 +153,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     from ..serving import best, launch_hint, resolve_program, tuned_best, tuned_elsewhere
 
+    program = resolve_program(args.program, parse_pairs(args.set), url=args.db)
     with db.connect(args.db, migrate_schema=False) as database:
-        program = resolve_program(args.program, parse_pairs(args.set), database)
         record = best(program, device=args.device, database=database)
         if record is None and not args.set:  # tuned only at other shapes? (issue 10, item 6)
             program, record = _best_at_stored_shapes(args, program, database)

@@ -78,18 +78,26 @@ def tuned_elsewhere(program: Program, device: str | None, database: db.Database 
             database.close()
 
 
-def resolve_program(spec: str, overrides: Mapping[str, Any] | None,
-                    database: db.Database) -> Program:
+def resolve_program(spec: str, overrides: Mapping[str, Any] | None = None,
+                    database: db.Database | None = None, url: str | None = None) -> Program:
     """``spec`` as ``load_program`` reads it (a built-in name or a program file), or else the
-    program stored in ``database`` under that name: a PyTorch region (``torch_<hash>``, as
-    the compile's report names it) or a Mirage graph's program exist nowhere else.  A name
-    stored at several shapes or dtypes is an error listing them."""
+    program stored in the database (``database``, or the one at ``url``) under that name: a
+    PyTorch region (``torch_<hash>``, as the compile's report names it) or a Mirage graph's
+    program exist nowhere else.  A name stored at several shapes or dtypes is an error
+    listing them."""
     try:
         return load_program(spec, overrides)
     except ProgramError as err:
         if overrides or "not a built-in program" not in str(err):
             raise
-        stored = database.program_graphs(spec)
+        if database is None:
+            try:
+                with db.connect(url, migrate_schema=False) as opened:
+                    stored = opened.program_graphs(spec)
+            except Exception:  # no database there: the name is simply unknown
+                raise err from None
+        else:
+            stored = database.program_graphs(spec)
         if not stored:
             raise InputError(f"{spec}: not a built-in program, no such file, and no program "
                              "of that name in the database (`tuner status` lists them)") from err
@@ -109,14 +117,15 @@ def best(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
          device: str | None = None, url: str | None = None,
          database: db.Database | None = None) -> db.BestKernel | None:
     """The best stored kernel of ``program`` (a built-in name, a program file, a Program, or
-    a name only the database knows: ``resolve_program``) at its shapes (after ``overrides``) on ``device`` (a device key, or ``cpu``/``cuda`` for
-    this machine's; None: the fastest on any device).  None when nothing was tuned."""
+    a name only the database knows: ``resolve_program``) at its shapes (after ``overrides``)
+    on ``device`` (a device key, or ``cpu``/``cuda`` for this machine's; None: the fastest on
+    any device).  None when nothing was tuned."""
+    prog = program if isinstance(program, Program) else \
+        resolve_program(program, overrides, database, url)
+    key = program_key(prog)
     own = database is None
     database = database or db.connect(url, migrate_schema=False)
     try:
-        prog = program if isinstance(program, Program) else \
-            resolve_program(program, overrides, database)
-        key = program_key(prog)
         return database.best_kernel(key.program_hash, key.shapes, key.dtype,
                                     resolve_device_key(device))
     finally:
@@ -136,16 +145,8 @@ def load(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
     run) when nothing was tuned; warns (``UncertainBestWarning``) when the best was stored
     uncertain (``record.uncertain``: its timings could not settle it).
     """
-    if isinstance(program, Program):
-        prog = program
-    else:
-        own = database is None
-        opened = database or db.connect(url, migrate_schema=False)
-        try:
-            prog = resolve_program(program, overrides, opened)
-        finally:
-            if own:
-                opened.close()
+    prog = program if isinstance(program, Program) else \
+        resolve_program(program, overrides, database, url)
     record = best(prog, device=device, url=url, database=database)
     if record is None:
         raise InputError(launch_hint(prog.name, prog.inputs, device,
