@@ -58,7 +58,7 @@ from .ir import (
     to_json,
     to_obj,
 )
-from .partition import Piece, costly_contraction, join_pieces, plan_pieces
+from .partition import Piece, costly_contraction, graph_program, join_pieces, plan_pieces
 from .ranking import describe, rank
 from .space import DEFAULT_BLOCK_OPS, DEFAULT_KERNEL_OPS, Context, Limits, Shard, Stats
 
@@ -66,7 +66,7 @@ __all__ = [
     # the search
     "DEFAULT_BLOCK_OPS", "DEFAULT_KERNEL_OPS", "Context", "Executor", "Limits", "Piece",
     "SearchResult", "Shard", "ShardResult", "Stats", "default_time_limit", "describe",
-    "costly_contraction", "join_pieces", "plan_configs", "plan_pieces", "random_program", "random_program_doc",
+    "costly_contraction", "graph_program", "join_pieces", "plan_configs", "plan_pieces", "random_program", "random_program_doc",
     "rank", "run_search", "run_shard", "split_shard",
     # the IR, re-exported from search.ir
     "ACCUM_KINDS", "BINARY_OPS", "BLOCK", "COMPUTE_OPS", "DTYPES", "DTYPE_BYTES", "EGG_FUNCTIONS",

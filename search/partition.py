@@ -200,16 +200,34 @@ def _concrete(shape: tuple) -> tuple[int, ...]:
 def _piece_program(program: Program, ref: KernelGraph, ops: list, reads: list[int],
                    results: list[int], index: int) -> Program:
     """The piece as a program file would write it: its inputs named, one line per op."""
+    return ops_program(ref, ops, reads, results, f"{program.name}.p{index}", program.dtype,
+                       description=f"piece {index} of {program.name}",
+                       source=f"{program.source} (piece {index})")
+
+
+def graph_program(graph: KernelGraph, name: str) -> Program:
+    """A reference graph of predefined ops as the program a file would write (its inputs,
+    every compute op, its outputs), e.g. a program the database holds only as its graph."""
+    dtype = graph.tensors[graph.input_ids[0]].dtype
+    return ops_program(graph, compute_ops(graph), list(graph.input_ids),
+                       list(graph.output_ids), name, dtype, source=f"<graph of {name}>")
+
+
+def ops_program(ref: KernelGraph, ops: list, reads: list[int], results: list[int], name: str,
+                dtype: str, *, description: str = "", source: str = "") -> Program:
+    """The ops ``ops`` of ``ref``, reading ``reads`` and returning ``results``, as a program
+    file would write them: its inputs named, one line per op."""
     names: dict[int, str] = {}
     taken: set[str] = set()
     for t in [*reads, *(o for op in ops for o in op.outputs)]:
-        name = ref.tensors[t].name or ""
+        tensor_name = ref.tensors[t].name or ""
         k = 0
-        while not name.isidentifier() or iskeyword(name) or name in taken or name in OPS:
-            name = f"t{t}" + (f"_{k}" if k else "")
+        while not tensor_name.isidentifier() or iskeyword(tensor_name) or \
+                tensor_name in taken or tensor_name in OPS:
+            tensor_name = f"t{t}" + (f"_{k}" if k else "")
             k += 1
-        names[t] = name
-        taken.add(name)
+        names[t] = tensor_name
+        taken.add(tensor_name)
     lines = []
     for op in ops:
         args = [names[t] for t in op.inputs]
@@ -218,10 +236,8 @@ def _piece_program(program: Program, ref: KernelGraph, ops: list, reads: list[in
     inputs = {names[t]: _concrete(ref.tensors[t].shape) for t in reads}
     layouts = {names[t]: ref.input_layout(t) for t in reads  # a transposed program input
                if t in ref.input_ids and ref.input_layout(t) != "row"}  # stays transposed
-    return Program(f"{program.name}.p{index}", program.dtype, inputs, "\n".join(lines) + "\n",
-                   [names[t] for t in results],
-                   description=f"piece {index} of {program.name}",
-                   source=f"{program.source} (piece {index})", layouts=layouts)
+    return Program(name, dtype, inputs, "\n".join(lines) + "\n", [names[t] for t in results],
+                   description=description, source=source, layouts=layouts)
 
 
 def join_pieces(program: Program, pieces: list[Piece],

@@ -17,7 +17,7 @@ from typing import Any
 
 import db
 from kernels import OK
-from search import Program, ProgramError, from_obj, load_program
+from search import Program, ProgramError, from_obj, graph_program, load_program
 
 from ..api import InputError
 from ..formatting import SETTLE
@@ -101,9 +101,7 @@ def resolve_program(spec: str, overrides: Mapping[str, Any] | None = None,
         if not stored:
             raise InputError(f"{spec}: not a built-in program, no such file, and no program "
                              "of that name in the database (`tuner status` lists them)") from err
-    from ..mirage_compat import to_program
-
-    programs = [to_program(from_obj(graph), spec) for _, _, graph in stored]
+    programs = [graph_program(from_obj(graph), spec) for _, _, graph in stored]
     if len(programs) > 1:
         held = "; ".join(f"{p.dtype} " + ", ".join(f"{k} {'x'.join(map(str, v))}"
                                                      for k, v in p.inputs.items())
