@@ -211,10 +211,14 @@ def test_a_weight_stream_prefetches_b_rows_ahead_with_or_without_a_for_loop(step
 
 
 def _loop_with_most_fmas(asm: str) -> list[str]:
-    """The instructions of the basic block of ``g++ -S`` output holding the most FMAs."""
-    blocks = re.split(r"\n(?=\.L\d+:)", asm)
-    best = max(blocks, key=lambda b: len(re.findall(r"^\tvfn?madd\w*ps", b, re.M)))
-    return [line for line in best.splitlines() if line.startswith("\t")]
+    """The instructions from a label of ``g++ -S`` output to the first jump after it (a loop
+    body ends with its jump back) holding the most FMAs."""
+    blocks = []
+    for chunk in re.split(r"\n(?=\.L\d+:)", asm):
+        lines = [line for line in chunk.splitlines() if line.startswith("\t")]
+        jump = next((i for i, line in enumerate(lines) if line.startswith("\tj")), len(lines))
+        blocks.append(lines[:jump + 1])
+    return max(blocks, key=lambda b: sum(bool(re.match(r"\tvfn?madd\w*ps", x)) for x in b))
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("g++") is None,
