@@ -154,6 +154,7 @@ class ModelSampler(BaseSampler):
         configs = [c for c in task.space.configs() if task.space.check(c) is None]
         if len(configs) > self.candidates:
             configs = random.Random(self.seed).sample(configs, self.candidates)
+        configs, samples = _lowerable(task, configs)
         self._dists = dict(dists)
         self._params = [codec.encode(c) for c in configs]
         self._names = names = sorted(dists)
@@ -161,7 +162,7 @@ class ModelSampler(BaseSampler):
         self._ranking = None
         if configs:
             codes = np.asarray([[p[n] for n in names] for p in self._params], np.int64)
-            self._ranking = GuidedRanking(self.model, study_samples(task, configs), codes)
+            self._ranking = GuidedRanking(self.model, samples, codes)
 
     # -- Optuna's sampler interface ---------------------------------------------------------
 
@@ -204,6 +205,24 @@ def study_samples(task: Any, configs: Sequence[dict]) -> list[Sample]:
     return [featurize(task.structure, c, task.spec, group=task.structure_hash,
                       program=task.program, device=task.device_key,
                       known_device=profile.known) for c in configs]
+
+
+def _lowerable(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[Sample]]:
+    """The configs the lowering accepts, with their samples.  The space's check knows each
+    knob's own range, not every rule between them (a ``split`` must divide the row a block
+    gets from ``g0``: the lowering's ``ValueError``); a refused config is left out here, as
+    the study marks it invalid, rather than stop the launch (a RoPE region's space held 10 of
+    35 such configs, and binding the model sampler to it failed a whole compile)."""
+    kept: list[dict] = []
+    samples: list[Sample] = []
+    for config in configs:
+        try:
+            (sample,) = study_samples(task, [config])
+        except ValueError:
+            continue
+        kept.append(config)
+        samples.append(sample)
+    return kept, samples
 
 
 def predicted_order(model: CostModel, structure: Any, configs: Sequence[dict], spec: Any,
