@@ -66,7 +66,8 @@ __all__ = [
     # the search
     "DEFAULT_BLOCK_OPS", "DEFAULT_KERNEL_OPS", "Context", "Executor", "Limits", "Piece",
     "SearchResult", "Shard", "ShardResult", "Stats", "default_time_limit", "describe",
-    "costly_contraction", "graph_program", "join_pieces", "plan_configs", "plan_pieces", "random_program", "random_program_doc",
+    "costly_contraction", "graph_program", "join_pieces", "plan_configs", "plan_pieces",
+    "random_program", "random_program_doc",
     "rank", "run_search", "run_shard", "split_shard",
     # the IR, re-exported from search.ir
     "ACCUM_KINDS", "BINARY_OPS", "BLOCK", "COMPUTE_OPS", "DTYPES", "DTYPE_BYTES", "EGG_FUNCTIONS",

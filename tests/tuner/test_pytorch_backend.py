@@ -140,6 +140,7 @@ def test_tuned_now_the_block_runs_as_kernels(name: str, dtype: torch.dtype, url:
     assert main(["best", program, "--db", url]) == 0
     assert tuner.best(program, url=url) is not None
     assert main(["best", "torch_000000000000", "--db", url]) == 2
+    assert main(["best", program, "--set", "I0=3x5", "--db", url]) == 2  # not stored there
 
 
 def test_under_autograd_the_kernels_stay_inside_aot(url: str) -> None:

@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kernel-ops", help="comma-separated predefined kernel ops "
                    f"(default: {','.join(DEFAULT_KERNEL_OPS)})")
     p.add_argument("--partition-above", type=int, default=Limits.partition_above,
-                   metavar="N", help="search a program of more than N ops (or with a weight streamed "
-                   "then contracted, as in an MLP) in pieces, joined into one structure of "
+                   metavar="N", help="search a program of more than N ops (or with a weight "
+                   "streamed then contracted, as in an MLP) in pieces, joined into one structure of "
                    f"several kernels (default {Limits.partition_above})")
     p.add_argument("--no-partition", action="store_true",
                    help="always search the program whole")

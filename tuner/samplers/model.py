@@ -154,7 +154,7 @@ class ModelSampler(BaseSampler):
         configs = [c for c in task.space.configs() if task.space.check(c) is None]
         if len(configs) > self.candidates:
             configs = random.Random(self.seed).sample(configs, self.candidates)
-        configs, samples = _lowerable(task, configs)
+        configs, samples = study_samples(task, configs)
         self._dists = dict(dists)
         self._params = [codec.encode(c) for c in configs]
         self._names = names = sorted(dists)
@@ -192,36 +192,31 @@ class ModelSampler(BaseSampler):
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
 
 
-def study_samples(task: Any, configs: Sequence[dict]) -> list[Sample]:
-    """The samples of a study's ``configs``: lowered µGraph configs, or a Kernel Tuner space's
-    parameters (``task.structure`` None), on the device as the cost model knows it."""
+def study_samples(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[Sample]]:
+    """The configs of ``configs`` the lowering accepts, with their samples: lowered µGraph
+    configs, or a Kernel Tuner space's parameters (``task.structure`` None), on the device as
+    the cost model knows it.  The space's check knows each knob's own range, not every rule
+    between them (a ``split`` must divide the row a block gets from ``g0``: the lowering's
+    ``ValueError``); a refused config is left out, as the study marks it invalid, rather than
+    stop the launch (a RoPE region's space held 10 of 35 such configs, and binding the model
+    sampler to it failed a whole compile)."""
     profile = device_profile(task.device_key)
     kt = task.structure_obj.get("kernel_tuner") if task.structure is None else None
     if kt is not None:
-        return [featurize_params(c, kt["keys"], kt["problem_size"], profile.spec,
-                                 group=task.structure_hash, program=task.program,
-                                 device=task.device_key, known_device=profile.known)
-                for c in configs]
-    return [featurize(task.structure, c, task.spec, group=task.structure_hash,
-                      program=task.program, device=task.device_key,
-                      known_device=profile.known) for c in configs]
-
-
-def _lowerable(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[Sample]]:
-    """The configs the lowering accepts, with their samples.  The space's check knows each
-    knob's own range, not every rule between them (a ``split`` must divide the row a block
-    gets from ``g0``: the lowering's ``ValueError``); a refused config is left out here, as
-    the study marks it invalid, rather than stop the launch (a RoPE region's space held 10 of
-    35 such configs, and binding the model sampler to it failed a whole compile)."""
+        return list(configs), [featurize_params(c, kt["keys"], kt["problem_size"],
+                                                profile.spec, group=task.structure_hash,
+                                                program=task.program, device=task.device_key,
+                                                known_device=profile.known) for c in configs]
     kept: list[dict] = []
     samples: list[Sample] = []
-    for config in configs:
+    for c in configs:
         try:
-            (sample,) = study_samples(task, [config])
+            samples.append(featurize(task.structure, c, task.spec, group=task.structure_hash,
+                                     program=task.program, device=task.device_key,
+                                     known_device=profile.known))
         except ValueError:
             continue
-        kept.append(config)
-        samples.append(sample)
+        kept.append(c)
     return kept, samples
 
 

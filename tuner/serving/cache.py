@@ -13,11 +13,12 @@ from __future__ import annotations
 import statistics
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import db
 from kernels import OK
-from search import Program, ProgramError, from_obj, graph_program, load_program
+from search import Program, builtin_names, from_obj, graph_program, load_program
 
 from ..api import InputError
 from ..formatting import SETTLE
@@ -83,32 +84,32 @@ def resolve_program(spec: str, overrides: Mapping[str, Any] | None = None,
     """``spec`` as ``load_program`` reads it (a built-in name or a program file), or else the
     program stored in the database (``database``, or the one at ``url``) under that name: a
     PyTorch region (``torch_<hash>``, as the compile's report names it) or a Mirage graph's
-    program exist nowhere else.  A name stored at several shapes or dtypes is an error
-    listing them."""
-    try:
+    program exist nowhere else.  ``overrides`` (``--set I0=16x512``) then choose among the
+    shapes it is stored at; a name stored at several, unchosen, is an error listing them."""
+    if spec in builtin_names() or Path(spec).suffix in (".yaml", ".yml") or Path(spec).exists():
         return load_program(spec, overrides)
-    except ProgramError as err:
-        if overrides or "not a built-in program" not in str(err):
-            raise
-        if database is None:
-            try:
-                with db.connect(url, migrate_schema=False) as opened:
-                    stored = opened.program_graphs(spec)
-            except Exception:  # no database there: the name is simply unknown
-                raise err from None
-        else:
-            stored = database.program_graphs(spec)
-        if not stored:
-            raise InputError(f"{spec}: not a built-in program, no such file, and no program "
-                             "of that name in the database (`tuner status` lists them)") from err
+    if database is None:
+        try:
+            with db.connect(url, migrate_schema=False) as opened:
+                stored = opened.program_graphs(spec)
+        except Exception:  # no database there: the name is simply unknown
+            stored = []
+    else:
+        stored = database.program_graphs(spec)
+    if not stored:
+        return load_program(spec, overrides)  # its error: not a built-in, no such file
     programs = [graph_program(from_obj(graph), spec) for _, _, graph in stored]
-    if len(programs) > 1:
-        held = "; ".join(f"{p.dtype} " + ", ".join(f"{k} {'x'.join(map(str, v))}"
-                                                     for k, v in p.inputs.items())
-                         for p in programs)
-        raise InputError(f"{spec}: the database holds {len(programs)} programs of that name "
-                         f"({held}); give its program file to choose one")
-    return programs[0]
+    wanted = {k: str(v) for k, v in (overrides or {}).items()}
+    chosen = [p for p in programs if all(
+        k in p.inputs and "x".join(map(str, p.inputs[k])) == v for k, v in wanted.items())]
+    if len(chosen) == 1:
+        return chosen[0]
+    held = "; ".join(f"{p.dtype} " + " ".join(f"--set {k}={'x'.join(map(str, v))}"
+                                              for k, v in p.inputs.items()) for p in programs)
+    if not chosen:
+        raise InputError(f"{spec}: the database holds it only at other shapes: {held}")
+    raise InputError(f"{spec}: the database holds {len(chosen)} programs of that name; choose "
+                     f"one with its --set values: {held}")
 
 
 def best(program: str | Program, overrides: Mapping[str, Any] | None = None, *,
