@@ -32,7 +32,7 @@ from kernels.lowering import (
     resolve_spec,
     triton_default_config,
 )
-from search.ir import DTYPE_BYTES, KernelGraph, ShapeError, op_flops
+from search.ir import DTYPE_BYTES, KernelGraph, ShapeError, SymDim, bind_dim, op_flops
 
 MAX_SPLIT = 16  # blocks per row beyond this only add partial sums on any device we know
 GPU_BLOCKS = (64, 128, 256, 512, 1024)
@@ -71,6 +71,9 @@ class ConfigSpace:
     default: dict[str, int]
     constraints: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     row_len: int = 0
+    # per graph-defined kernel, the row its blocks' output tile holds (a size, or a size over
+    # the grid symbol that cuts the row: 64/g1): ``split`` must divide each once bound
+    row_tiles: tuple[int | SymDim, ...] = ()
     # other rules' starting points (on a GPU the Triton dialect's default: tl.dot tiles that
     # fill the SMs), tried right after ``default``; see ``tuner.pipeline.tune.warm_start``
     alternates: list[dict[str, int]] = field(default_factory=list)
@@ -90,6 +93,11 @@ class ConfigSpace:
         split = int(config.get("split", 1))
         if split > 1 and self.row_len % split:
             return f"split={split} must divide the row length {self.row_len}"
+        for tile in self.row_tiles if split > 1 else ():
+            cols = bind_dim(tile, config)
+            if cols % split:
+                return (f"split={split} must divide the row of {cols} a block's tile holds "
+                        f"({tile} under this config)")
         if split > 1 and int(config.get("triton", 0)):
             return "triton=1 cannot split rows across blocks (split > 1)"
         splitk = int(config.get("splitk", 1))
@@ -159,10 +167,11 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
             choices.add(default[sym])
         params[sym] = tuple(sorted(choices))
     bgs = structure.block_graphs()
-    row_len = 0
+    row_len, row_tiles = 0, ()  # type: tuple[int, tuple[int | SymDim, ...]]
     if bgs and all(is_row_form(bg) for bg in bgs):
         out = structure.tensors[structure.ops_of("graph_kernel")[0].outputs[0]].shape
         row_len = int(out[-1])
+        row_tiles = tuple(bg.tensors[bg.ops_of("output")[0].inputs[0]].shape[-1] for bg in bgs)
         splits = {d for d in divisors(row_len) if d <= MAX_SPLIT} | {default.get("split", 1)}
         if len(splits) > 1:
             params["split"] = tuple(sorted(splits))
@@ -209,7 +218,8 @@ def config_space(structure: KernelGraph, device: str | DeviceSpec) -> ConfigSpac
         lanes = lower(structure, chosen, spec, "lanes").kernels[0].mapping.lanes
         params["lanes"] = tuple(sorted({*params["lanes"], lanes}))
         chosen["lanes"] = lanes
-    space = ConfigSpace(params, chosen, constraints, row_len, forloops=forloops)
+    space = ConfigSpace(params, chosen, constraints, row_len, row_tiles=row_tiles,
+                        forloops=forloops)
     if spec.kind != "cpu" and bgs:
         try:
             rule = triton_default_config(structure, spec)

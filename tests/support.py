@@ -52,6 +52,22 @@ def small_config(g: KernelGraph) -> dict[str, int]:
     return cfg
 
 
+def row_cut_structure(rows: int = 4, cols: int = 64) -> KernelGraph:
+    """A row-wise product of two [4, rows, cols] tensors whose grid cuts the rows (``g0``)
+    and the row itself (``g1``): each block's tile holds ``cols/g1`` columns, the rule a
+    RoPE region's searched structures put ``split`` under."""
+    from search import new_block_graph, new_kernel_graph
+
+    g = new_kernel_graph()
+    a = g.new_input((4, rows, cols), "float32", "A")
+    b = g.new_input((4, rows, cols), "float32", "B")
+    bg = new_block_graph(("g0", "g1"))
+    x, y = bg.new_input(a, imap=(0, 2), fmap=-1), bg.new_input(b, imap=(0, 2), fmap=-1)
+    bg.new_output(bg.forloop_accum(bg.mul(x, y)), omap=(0, 2))
+    g.mark_output(g.graph_kernel(bg)[0])
+    return g
+
+
 def mha_structure(over: str, heads: int = 4, rows: int = 8, dim: int = 16,
                    seq: int = 256) -> dict:
     """One of mha's verified structures at small shapes: the grid over heads (``heads``) or

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 import pytest
-from support import build_cpu, check_plan, small_config
+from support import build_cpu, check_plan, row_cut_structure, small_config
 
 from kernels import IsolatedWorker, get_spec, nvcc_available, nvcc_check, render
 from kernels.devices import CpuKernel, reference, tolerance
@@ -466,3 +466,24 @@ def test_every_elementwise_op_of_the_table_has_a_rendering():
     assert ELEMENTWISE_OPS <= set(TRITON_UNARY) | set(TRITON_BINARY) | {"mul_scalar",
                                                                          "add_scalar"}
     assert ROW_OPS == {"input", "output", "accum"} | ELEMENTWISE_OPS | ROW_REDUCTIONS
+
+
+def test_the_config_space_offers_only_splits_the_row_a_block_gets_can_take():
+    """A grid dim that cuts the row leaves each block ``64/g1`` columns, and ``split`` must
+    divide those: the space's check had known only the whole row (64), so 30 of the 105
+    configs of a RoPE region's structure passed it and were refused by the lowering, each a
+    tuning trial spent (and a model sampler's crash).  Every config the space yields lowers."""
+    from kernels import config_space
+    from kernels.configspace import legal
+
+    g = row_cut_structure()
+    spec = get_spec("cpu")
+    space = config_space(g, spec)
+    assert 16 in space.params["split"] and 64 in space.params["g1"]
+    assert space.check({"g0": 1, "g1": 1, "split": 16}) is None  # 64 columns a block
+    why = space.check({"g0": 1, "g1": 8, "split": 16})  # 8 columns a block
+    assert why is not None and "split=16" in why and "8" in why
+    configs = list(space.configs())
+    assert configs and all(legal(g, c, spec) is None for c in configs)
+    assert len(configs) < len(space.params["g0"]) * len(space.params["g1"]) * \
+        len(space.params["split"])

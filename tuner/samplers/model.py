@@ -195,11 +195,11 @@ class ModelSampler(BaseSampler):
 def study_samples(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[Sample]]:
     """The configs of ``configs`` the lowering accepts, with their samples: lowered µGraph
     configs, or a Kernel Tuner space's parameters (``task.structure`` None), on the device as
-    the cost model knows it.  The space's check knows each knob's own range, not every rule
-    between them (a ``split`` must divide the row a block gets from ``g0``: the lowering's
-    ``ValueError``); a refused config is left out, as the study marks it invalid, rather than
-    stop the launch (a RoPE region's space held 10 of 35 such configs, and binding the model
-    sampler to it failed a whole compile)."""
+    the cost model knows it.  The space's check does not know every limit the lowering
+    applies (on a GPU, a Triton tile's shared memory); a config the lowering refuses (its
+    ``ValueError``) is left out, as the study marks it invalid, rather than stop the launch
+    (before the check knew the split rule a RoPE region's space held 10 of 35 such configs,
+    and binding the model sampler to it failed a whole compile)."""
     profile = device_profile(task.device_key)
     kt = task.structure_obj.get("kernel_tuner") if task.structure is None else None
     if kt is not None:
