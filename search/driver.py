@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from .enumerate import Context, Limits, Shard, Stats, plan_configs, split_shard
 from .ir import KernelGraph, Program, from_obj, small_instance, structural_hash, to_obj
-from .partition import compute_ops, needs_pieces, search_in_pieces
+from .partition import ChoosePiece, compute_ops, needs_pieces, search_in_pieces
 from .ranking import describe, flops, rank
 
 log = logging.getLogger("search")
@@ -149,8 +149,8 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
                on_progress: Callable[[dict], None] | None = None,
                done: Mapping[str, ShardResult] | None = None,
                on_shard: Callable[[ShardResult], None] | None = None,
-               verify: Callable[[KernelGraph], tuple[bool, str]] | None = None
-               ) -> SearchResult:
+               verify: Callable[[KernelGraph], tuple[bool, str]] | None = None,
+               choose_piece: ChoosePiece | None = None) -> SearchResult:
     """Search ``program`` for verified structures on ``executor``; ranks them (fewest kernels
     first).  The caller owns the executor (this does not close it).
 
@@ -160,7 +160,8 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
     (``search.partition``), each piece on ``executor``, and the pieces' best structures are
     joined into one; ``verify(structure) -> (ok, reason)`` checks the joined structure against
     the whole program (the caller's verifier: this package has none), and a structure it
-    rejects is not returned.
+    rejects is not returned; ``choose_piece`` picks each piece's structure among its verified
+    ones (``search.partition.ChoosePiece``; None: the search's best).
 
     ``tests``: random tests per candidate, passed to the shard task in the payload (None: the
     task's default).  ``done`` holds shards finished by an earlier, interrupted run (by shard
@@ -177,7 +178,7 @@ def run_search(program: Program, limits: Limits | None, executor: Executor, *,
         time_limit_s = limits.time_limit_s or default_time_limit(ops)
     if needs_pieces(reference, limits.partition_above, limits.partition_min_heavy):
         return _search_pieces(program, given, executor, time_limit_s, tests, on_progress,
-                              done or {}, on_shard, verify, start)
+                              done or {}, on_shard, verify, start, choose_piece)
     small = small_instance(program).build()
     ctx = Context.build(reference, limits)
     payload = {"reference": to_obj(reference), "small": to_obj(small),
@@ -236,7 +237,7 @@ def _search_pieces(program: Program, limits: Limits, executor: Executor, time_li
                    done: Mapping[str, ShardResult],
                    on_shard: Callable[[ShardResult], None] | None,
                    verify: Callable[[KernelGraph], tuple[bool, str]] | None,
-                   start: float) -> SearchResult:
+                   start: float, choose_piece: ChoosePiece | None = None) -> SearchResult:
     """``run_search`` of a program cut into pieces: each piece searched alone on the
     executor (its shard ids, as ``done`` and ``on_shard`` see them, prefixed by the piece's
     name), their best structures joined, the joined structure verified by ``verify``."""
@@ -264,7 +265,8 @@ def _search_pieces(program: Program, limits: Limits, executor: Executor, time_li
 
     found = search_in_pieces(program, search_piece, max_piece_ops=limits.max_piece_ops,
                              max_outputs=limits.max_block_outputs,
-                             deadline=time.time() + time_limit_s - (time.perf_counter() - start))
+                             deadline=time.time() + time_limit_s - (time.perf_counter() - start),
+                             choose_piece=choose_piece)
     verified: dict[str, KernelGraph] = {}
     whole: dict[str, Any] = {"pieces": found.pieces, "verified_whole": None, "reason": ""}
     if found.structure is None:

@@ -288,12 +288,20 @@ class PieceSearch:
 
 # search_piece(piece program, time limit in seconds) -> a search.SearchResult
 SearchPiece = Callable[[Program, float], Any]
+# choose_piece(a piece's verified structures, the search's best first) -> the index of the one
+# to join: the caller's ranking (the search's own counts each tensor's bytes once, so it
+# cannot see a grid whose blocks all re-read one operand; the cluster passes the roofline
+# estimate's, which picks another structure for gpt2_mlp's first piece, and on an H100 for
+# lora_block's second)
+ChoosePiece = Callable[[list[KernelGraph]], int]
 
 
 def search_in_pieces(program: Program, search_piece: SearchPiece, *, max_piece_ops: int,
-                     max_outputs: int, deadline: float) -> PieceSearch:
+                     max_outputs: int, deadline: float,
+                     choose_piece: ChoosePiece | None = None) -> PieceSearch:
     """Plan ``program``'s pieces, search each (``search_piece``: the caller's search of one
-    program, on its executor), and join their best structures.  A piece that finds nothing
+    program, on its executor), and join one structure of each: the search's best, or the
+    one ``choose_piece`` picks among its verified structures.  A piece that finds nothing
     within its time is planned again in pieces of half its ops (down to single ops, which
     always have a structure: the op as a predefined kernel).  ``deadline``: ``time.time()``
     past which no piece starts and a running one is cut short."""
@@ -307,22 +315,25 @@ def search_in_pieces(program: Program, search_piece: SearchPiece, *, max_piece_o
         out.shards, out.checked = out.shards + res.shards_run, out.checked + res.checked
         out.unfinished += [f"{piece.program.name}: {c}" for c in res.unfinished]
         out.saturated &= bool(res.saturation.get("saturated", True))
-        best = res.best
+        ranked = [from_obj(d["graph"]) for d in res.structures]
+        chosen = choose_piece(ranked) if choose_piece and len(ranked) > 1 else 0
         out.pieces.append({
             "piece": piece.program.name, "ops": len(piece.ops),
             "body": piece.program.body.strip().splitlines(), "outputs": piece.program.outputs,
             "traffic_bytes": piece.traffic, "time_limit_s": round(limit, 1),
             "elapsed_s": round(res.elapsed_s, 3), "states": res.stats.states,
             "verified": len(res.verified), "timed_out": res.stats.timed_out,
-            "kernels": best["num_kernels"] if best else None})
-        if best is not None:
-            structures.append(from_obj(best["graph"]))
+            "kernels": res.structures[chosen]["num_kernels"] if ranked else None,
+            "chosen": chosen})
+        if ranked:
+            structures.append(ranked[chosen])
             continue
         if len(piece.ops) == 1 or time.time() > deadline:
             return out  # nothing for this piece: no structure for the program
         sub = search_in_pieces(piece.program, search_piece,
                                max_piece_ops=max(1, len(piece.ops) // 2),
-                               max_outputs=max_outputs, deadline=deadline)
+                               max_outputs=max_outputs, deadline=deadline,
+                               choose_piece=choose_piece)
         out.pieces += sub.pieces
         out.stats.add(sub.stats)
         out.shards, out.checked = out.shards + sub.shards, out.checked + sub.checked

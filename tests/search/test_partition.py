@@ -75,12 +75,41 @@ def test_a_resumed_partitioned_search_reuses_every_piece_shard(decode_search):
     first, saved = decode_search
     assert saved and all("/" in sid for sid in saved)  # piece shard ids name their piece
 
-    class NoRun(LocalExecutor):
-        def submit(self, shard, payload):
-            raise AssertionError(f"shard {shard.id} ran again")
-
     second = search_program(decode_attention(), executor=NoRun(), done=saved)
     assert [s["hash"] for s in second.structures] == [s["hash"] for s in first.structures]
+
+
+class NoRun(LocalExecutor):
+    def submit(self, shard, payload):
+        raise AssertionError(f"shard {shard.id} ran again")
+
+
+def test_each_piece_joins_the_structure_the_caller_chooses(decode_search):
+    """``choose_piece`` picks each piece's structure among its verified ones (the cluster's
+    search passes the roofline estimate's ranking: the search's own cannot see a grid whose
+    blocks all re-read a weight); the pick is reported and the joined structure verified."""
+    from kernels import rank_structures
+    from search import run_search
+
+    first, saved = decode_search
+    offered: list[list] = []
+
+    def last(structures):
+        offered.append(structures)
+        return len(structures) - 1
+
+    program = decode_attention()
+    small = small_instance(program).build()
+    result = run_search(program, None, NoRun(), done=saved, choose_piece=last,
+                        verify=lambda g: verify_structure(g, small))
+    pieces = result.partition["pieces"]
+    assert [p["chosen"] for p in pieces if p["verified"] > 1] == \
+        [len(o) - 1 for o in offered] and offered
+    assert result.partition["verified_whole"] is True
+    assert [s["hash"] for s in result.structures] != [s["hash"] for s in first.structures]
+    # the cluster's search joins what the estimate ranks first
+    assert [p["chosen"] for p in first.partition["pieces"] if p["verified"] > 1] == \
+        [rank_structures(o, "cpu")[0] for o in offered]
 
 
 def test_the_cut_keeps_the_big_intermediate_on_chip():
