@@ -125,28 +125,34 @@ class CountingReplay(ReplayPool):
         super().submit(method, request)
 
 
-def _setup(tmp_path: Path, rmsnorm_matmul, times=None, landscape=None):
+def _setup(tmp_path: Path, rmsnorm_matmul, times=None, landscape=None, pool_cls=None):
     """``landscape(config, i)``: the time of the ``i``th legal config; by default faster
     with small ``F``."""
     program, reference, structure = rmsnorm_matmul
     space = config_space(structure, "cpu")
     key = program_key(program, reference)
-    table = {}
+    table = _table(space, landscape, times)
+    url = f"sqlite:///{tmp_path / 'tune.db'}"
+    database = db.connect(url)
+    pid = database.record_program(key.program_hash, key.shapes, key.dtype, key.name, {})
+    sid = database.record_structure(pid, "s", to_obj(structure), {"verdict": "test"}, 1)
+    pool = (pool_cls or CountingReplay)(table, db.config_hash, "cpu:replay", local_cpu_spec())
+    task = StudyTask(key.name, sid, "s", structure, to_obj(structure), to_obj(reference),
+                     space, "cpu:replay", local_cpu_spec(), "study-under-test")
+    storage = optuna.storages.RDBStorage(url)
+    return database, pool, task, storage, key
+
+
+def _table(space, landscape=None, times=None) -> dict[str, dict]:
+    """A made-up trial result per legal config of ``space``, keyed by its hash."""
     landscape = landscape or (lambda config, i: 1e-4 * (1 + config["F"] / 64 + i * 1e-4))
+    table = {}
     for i, config in enumerate(space.configs()):
         t = (times or {}).get(db.config_hash(config), landscape(config, i))
         table[db.config_hash(config)] = {"status": "ok", "median_s": t, "spread_s": 0.0,
                                          "config": config, "source": "// replayed",
                                          "host": "test"}
-    url = f"sqlite:///{tmp_path / 'tune.db'}"
-    database = db.connect(url)
-    pid = database.record_program(key.program_hash, key.shapes, key.dtype, key.name, {})
-    sid = database.record_structure(pid, "s", to_obj(structure), {"verdict": "test"}, 1)
-    pool = CountingReplay(table, db.config_hash, "cpu:replay", local_cpu_spec())
-    task = StudyTask(key.name, sid, "s", structure, to_obj(structure), to_obj(reference),
-                     space, "cpu:replay", local_cpu_spec(), "study-under-test")
-    storage = optuna.storages.RDBStorage(url)
-    return database, pool, task, storage, key
+    return table
 
 
 def _runner(database, storage, pool, trials: int) -> StudyRunner:
@@ -419,4 +425,45 @@ def test_a_study_learns_to_leave_configs_the_space_refuses(tmp_path) -> None:
     assert all(task.space.check(c) is None for c in pool.measured)  # none measured
     assert 0 < out.invalid < 2 * legal_configs // 3, (out.invalid, legal_configs)
     assert out.measured >= 0.85 * legal_configs, (out.measured, legal_configs, out.invalid)
+    database.close()
+
+
+class WobblyReplay(CountingReplay):
+    """Re-timings on a quiet machine whose rounds still wobble by a third: each timing is
+    live (a noise verdict of None: its samples were steady), its median scaled in turn."""
+
+    FACTORS = (1.0, 1.35, 0.95, 1.3)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.base = {h: dict(row) for h, row in self.table.items()}
+        self.calls = 0
+
+    def submit(self, method, request) -> None:
+        self.calls += 1
+        h = db.config_hash(TrialRequest.of(request).config)
+        scale = self.FACTORS[self.calls % len(self.FACTORS)]
+        self.table[h] = {**self.base[h], "median_s": self.base[h]["median_s"] * scale,
+                         "noise": None}
+        super().submit(method, request)
+
+
+@pytest.mark.parametrize("gap, timings", [("close", "more"), ("apart", "the usual")])
+def test_confirmation_adds_rounds_where_the_two_fastest_are_a_close_call(
+        tmp_path, rmsnorm_matmul, gap, timings) -> None:
+    """Timings that are not noisy one by one can still vary from round to round by more than
+    the two fastest configs differ: the rounds then go on to ``MAX_TIMINGS`` (with the spread
+    limit calibrated, a quiet launch's close call had stopped at 3 timings each).  Configs
+    far apart stop at ``TIMINGS``."""
+    from tuner.pipeline.confirm import MAX_TIMINGS, TIMINGS, confirm
+
+    landscape = (lambda c, i: 1e-4 * (1 + i * 1e-3)) if gap == "close" else \
+        (lambda c, i: 1e-4 * 2.0 ** i)
+    database, pool, task, storage, key = _setup(tmp_path, rmsnorm_matmul, landscape=landscape,
+                                                pool_cls=WobblyReplay)
+    _runner(database, storage, pool, 8).run(task, key.program_hash)
+    pid = database.program_id(key.program_hash, key.shapes, key.dtype)
+    out = confirm(database, pool, key, pid, 3, task.reference_obj, 1e-3)
+    assert out.best_timings == (MAX_TIMINGS if timings == "more" else TIMINGS)
+    assert (out.uncertain is not None) == (gap == "close")
     database.close()

@@ -5,7 +5,8 @@ After the studies of a program on a device, the ``confirm`` configs with the fas
 timing (over every run of the program on that device, not only this one) are timed again,
 interleaved: round 1 re-times each finalist once, then round 2, … (so a burst of load slows
 every finalist of a round, not all the timings of one), until each has ``TIMINGS`` timings,
-or ``MAX_TIMINGS`` when a round's timings were noisy or the machine loaded.  The best kernel
+or ``MAX_TIMINGS`` when a round's timings were noisy, the machine loaded, or the rounds so far
+cannot separate the two fastest (``verdict``'s close call).  The best kernel
 becomes the config with the lowest median of its timings, and its stored time is that median
 (``db.Database.confirm_best``), even when that is slower than a lucky first timing.  The
 timings' verdict (``kernels.devices.verdict``: noisy re-timings, a loaded machine, a runner-up
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from ..identity import ProgramKey
 
 TIMINGS = 3  # per confirmed config: the study's timing and two re-runs
-MAX_TIMINGS = 5  # when the re-timings were noisy or the machine loaded
+MAX_TIMINGS = 5  # when the re-timings were noisy, the machine loaded or the call close
 
 
 @dataclass
@@ -101,13 +102,13 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
         if rounds < MAX_TIMINGS and attempt == rounds and noise["timed"]:
             load = machine_load() if device_kind(pool.key) == "cpu" else None
             noise["load"] = noise["load"] or load
-            if load or noise["noisy"]:  # more rounds: medians of more timings
+            # more rounds, medians of more timings, where these cannot be trusted or cannot
+            # separate the two fastest (with the spread limit calibrated, quiet launches on
+            # the 2-core VM stopped being called noisy, and their close calls got 3 rounds)
+            so_far = _rounds(database, firsts)
+            if load or noise["noisy"] or (len(so_far) > 1 and verdict(so_far).uncertain):
                 rounds = MAX_TIMINGS
-    medians: dict[int, list[float]] = {}
-    for first, _ in firsts:
-        ms = database.measurements(first.trial_id)
-        if ms and all(m.status == OK for m in ms):
-            medians[first.trial_id] = [m.median_s for m in ms]
+    medians = _rounds(database, firsts)
     if not medians:
         return out
     judged = verdict(medians, noise["noisy"], noise["timings"], noise["load"])
@@ -132,3 +133,14 @@ def confirm(database: db.Database, pool: SlotPool, key: ProgramKey, program_id: 
     out.best_s = database.confirm_best(winner, source, baseline_s, uncertain=out.uncertain)
     out.best_timings = len(database.measurements(winner))
     return out
+
+
+def _rounds(database: db.Database, firsts: list) -> dict[int, list[float]]:
+    """Each finalist's medians so far, one per round (a finalist with a failed timing has
+    none: it is not eligible)."""
+    medians: dict[int, list[float]] = {}
+    for first, _ in firsts:
+        ms = database.measurements(first.trial_id)
+        if ms and all(m.status == OK for m in ms):
+            medians[first.trial_id] = [m.median_s for m in ms]
+    return medians
