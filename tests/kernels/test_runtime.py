@@ -168,7 +168,8 @@ def ill_conditioned():
 def test_an_ill_conditioned_element_passes_by_its_rounding_slack(ill_conditioned):
     """random_4748: every kernel of (T1 - B) / T1 was refused for one element where the
     96-term T1 is near 0, off by 7e-4 relative: float32's rounding of T1, amplified by 1/T1.
-    Each correct kernel here errs there by 11-44x atol + rtol·|ref|, which the check refused
+    Each correct kernel here errs there by 6-44x atol + rtol·|ref| (first measured 11-44x;
+    with numpy 2.4.6's OpenBLAS 0.3.31 on an AMD EPYC the BLAS one errs 6x), which the check refused
     before the rounding slack; the slack admits it and the reply says so."""
     from kernels.devices import compare_outputs, judge_outputs
 
@@ -176,12 +177,12 @@ def test_an_ill_conditioned_element_passes_by_its_rounding_slack(ill_conditioned
     e = want.outputs[0]
     base = want.atol + want.rtol * abs(float(e[NEAR_ZERO]))
     for out in kernels:
-        assert abs(float(out[NEAR_ZERO] - e[NEAR_ZERO])) > 10 * base
+        assert abs(float(out[NEAR_ZERO] - e[NEAR_ZERO])) > 3 * base  # far out of tolerance
         _, without = compare_outputs([out], want.outputs, want.rtol, want.atol)
         assert without.startswith("output 0: 1 of 256 elements out of tolerance")
         assert f"index {NEAR_ZERO}" in without
         errs, bad, note = judge_outputs([out], want.outputs, want.rtol, want.atol, want.slack)
-        assert bad == "" and errs[0] > 10 * base
+        assert bad == "" and errs[0] > 3 * base
         assert "1 of 256 elements within tolerance only by their rounding slack" in note
         assert f"index {NEAR_ZERO}" in note
     assert checked(kernels[0], want)["status"] == "ok"
