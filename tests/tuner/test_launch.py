@@ -78,6 +78,9 @@ def check_job(url: str, tmp_path: Path) -> None:
     summary = launch_ok(job, url)
     (rep,) = summary["programs"]
     assert rep["structures_found"] >= 1 and rep["structures_tuned"] >= 1
+    # candidates: the verified structures and the program as written, unless it is one of them
+    assert rep["structures_found"] <= rep["candidates"] <= rep["structures_found"] + 1
+    assert rep["structures_tuned"] <= rep["candidates"]
     assert rep["trials"] >= 2 and rep["best_s"] > 0 and rep["baseline_s"] > 0
     best = check_consistent(url)
     assert best.baseline_s is not None and best.speedup > 0

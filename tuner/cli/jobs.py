@@ -76,7 +76,7 @@ def format_summary(result: LaunchResult) -> str:
                      ms(r.best_s, unit="") + ("?" if r.uncertain else ""),
                      ms(r.baseline_s, unit=""),
                      f"{r.speedup:.2f}x" if r.speedup else "-",
-                     f"{r.structures_tuned}/{r.structures_found}",
+                     f"{r.structures_tuned}/{r.candidates or r.structures_found}",
                      f"{r.trials} ({r.new_trials} new)", fails or "none",
                      f"library (tuned {ms(r.tuned_s, unit='')} ms)" if r.library else
                      f"{(r.best_structure or '-')[:12]} {cfg}".strip()))

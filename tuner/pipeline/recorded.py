@@ -131,7 +131,8 @@ class RecordedSpacePipeline(ProgramPipeline):
         from costmodel import KT_DTYPE
 
         space, phash, program = self.entry.space, self.phash, self.program
-        rep = ProgramReport(space.kernel, self.shapes, pool.key, structures_found=1)
+        rep = ProgramReport(space.kernel, self.shapes, pool.key, structures_found=1,
+                            candidates=1)
         tuning = self.ctx.job.tuning
         factory = sampler_factory(tuning.sampler, tuning.seed, database, pool.key,
                                   self.ctx.log)

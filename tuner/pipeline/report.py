@@ -23,6 +23,10 @@ class ProgramReport:
     baseline_s: float | None = None
     structures_found: int = 0
     structures_tuned: int = 0
+    # what could be tuned: the verified structures and the program as written (a kernel per
+    # op); the summary's "tuned/candidates" (it showed tuned/found, "2/1" for a partitioned
+    # program, its one joined structure and the program as written both tuned)
+    candidates: int = 0
     trials: int = 0  # configs measured (this run and resumed ones)
     new_trials: int = 0
     statuses: Counter = field(default_factory=Counter)
@@ -59,7 +63,8 @@ class ProgramReport:
         return {"program": self.program, "shapes": self.shapes, "device_key": self.device_key,
                 "best_s": self.best_s, "baseline_s": self.baseline_s, "speedup": self.speedup,
                 "structures_found": self.structures_found,
-                "structures_tuned": self.structures_tuned, "trials": self.trials,
+                "structures_tuned": self.structures_tuned, "candidates": self.candidates,
+                "trials": self.trials,
                 "new_trials": self.new_trials,
                 "failures": {k: v for k, v in self.statuses.items() if k != OK},
                 "skipped_by_roofline": self.skipped, "invalid_configs": self.invalid,

@@ -124,7 +124,8 @@ class UGraphPipeline(ProgramPipeline):
         program, key, reference = self.entry.program, self.key, self.reference
         tuning = self.ctx.job.tuning
         rep = ProgramReport(program.name, key.shapes, pool.key, structures_found=self.found,
-                            search_s=self.search_s, shards_reused=self.reused)
+                            candidates=len(self.stored), search_s=self.search_s,
+                            shards_reused=self.reused)
         t1 = time.perf_counter()
         rep.baseline_s = _baseline(pool, reference)
         factory = sampler_factory(tuning.sampler, tuning.seed, database, pool.key,
