@@ -82,8 +82,8 @@ class MeasurementTotals:
 
 
 class OptunaStates:
-    """Per (program, device): Optuna trials by state (COMPLETE / PRUNED = skipped by the
-    roofline / FAIL / RUNNING), kept up to date like the measurement totals.  Optuna's trials
+    """Per (program, device): Optuna trials by state (COMPLETE / PRUNED = skipped unmeasured:
+    by the roofline, or a config that does not lower / FAIL / RUNNING), kept up to date like the measurement totals.  Optuna's trials
     are appended, and change state only from RUNNING / WAITING to a final one: final ones are
     counted once, the unfinished ones remembered and looked at again on each refresh."""
 
