@@ -25,10 +25,14 @@ demo: $(STAMP)
 tour: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# The suite on TEST_JOBS processes (pytest-xdist, a test file per process), then the tests
+# marked serial alone: they read the machine's load or time kernels against a quiet machine.
+TEST_JOBS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -m serial
 
 # What a short session on a lent GPU machine needs, made here (docs/devices.md, "Running on
 # a lent GPU"); there: bash tools/gpu_session/run.sh

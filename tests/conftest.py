@@ -2,6 +2,10 @@
 
 PostgreSQL tests run when TUNER_TEST_POSTGRES_URL is set (``.ci/postgres.sh`` starts a server
 and prints one); each test gets a fresh schema on that server, dropped afterwards.
+
+Tests marked ``serial`` need a quiet machine (they read its load, or time kernels against one):
+in a parallel run (``pytest -n 2``, pytest-xdist) the other process is the load, so they skip
+there, saying so; ``make test`` runs them after it, alone (``pytest -m serial``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,16 @@ import sqlalchemy as sa
 import db
 
 PG_ENV = "TUNER_TEST_POSTGRES_URL"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    skip = pytest.mark.skip(reason="needs a quiet machine, and this run is parallel (pytest -n): "
+                                   "make test runs it alone afterwards (pytest -m serial)")
+    for item in items:
+        if item.get_closest_marker("serial"):
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -71,6 +71,7 @@ def test_library_kernel_runs_the_reference_like_a_kernel() -> None:
         kernel(x, w.T)
 
 
+@pytest.mark.serial  # 3 timings: a loaded machine would add rounds
 def test_a_launch_where_blas_wins_serves_the_library(tmp_path: Path) -> None:
     (tmp_path / "plain_matmul.yaml").write_text(MATMUL)
     job = tmp_path / "job.yaml"

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from support import run_cli, write_job
 
 import db
@@ -26,6 +27,7 @@ def launch(job, url: str) -> dict:
     return rep
 
 
+@pytest.mark.serial  # its "quiet" launch needs a quiet machine
 def test_a_launch_beside_a_busy_sibling_retimes_and_says_when_its_best_is_uncertain(tmp_path):
     job = write_job(tmp_path, trials=4, structures=1)
     quiet_url = f"sqlite:///{tmp_path / 'quiet.db'}"

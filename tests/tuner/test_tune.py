@@ -448,6 +448,7 @@ class WobblyReplay(CountingReplay):
         super().submit(method, request)
 
 
+@pytest.mark.serial  # a loaded machine adds rounds (machine_load) to configs far apart
 @pytest.mark.parametrize("gap, timings", [("close", "more"), ("apart", "the usual")])
 def test_confirmation_adds_rounds_where_the_two_fastest_are_a_close_call(
         tmp_path, rmsnorm_matmul, gap, timings) -> None:
