@@ -4,7 +4,8 @@
         [--sweep FILE] [--only NAME ...] [--rounds 5] [--threads N] [--budget S]
         [--no-compile] [--json]
 
-Rows: the suite's programs at their default (paper) shapes.  Columns, each timed by the one
+Rows: the suite's programs at their default (paper) shapes, or ``--only`` names and program
+files (``benchmarks/programs/*.yaml``: the blocks searched in pieces).  Columns, each timed by the one
 timing loop (``kernels.measure``: host clock on a cpu, CUDA events on a GPU), interleaved
 round robin for ``--rounds`` rounds, medians reported:
 
@@ -341,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--structures", metavar="DIR", help="search outputs, <program>.json")
     parser.add_argument("--sweep", metavar="FILE",
                         help="a benchmarks/sweep.py file: our column is its fastest trial")
-    parser.add_argument("--only", nargs="*", choices=PROGRAMS)
+    parser.add_argument("--only", nargs="*", metavar="PROGRAM",
+                        help="suite names or program files (benchmarks/programs/*.yaml); "
+                             "default the suite")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=0.3, help="seconds per timing")
     parser.add_argument("--threads", type=int, default=0, help="threads (default all cores)")
@@ -356,6 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(args.threads)
     sys.path.insert(0, str(ROOT))
+    from search import ProgramError, load_program
+
+    for spec in args.only or ():
+        try:
+            load_program(spec)
+        except ProgramError as err:
+            print(f"peers.py: --only {spec}: {err}", file=sys.stderr)
+            return 2
     try:
         import torch
 
