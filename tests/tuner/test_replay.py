@@ -152,7 +152,9 @@ def ray_head():
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        # SIGINT, as Ctrl-C: `ray start --block` then stops its processes in ~2 s; it sat out
+        # SIGTERM past 30 s, which cost each test a 15 s wait and a SIGKILL
+        os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
