@@ -234,7 +234,8 @@ def _best_at_stored_shapes(args: argparse.Namespace, program: Program, database:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import time
+    import signal
+    import threading
 
     from ..serving.status import as_json, format_status, status
 
@@ -244,15 +245,28 @@ def cmd_status(args: argparse.Namespace) -> int:
         st = status(args.db)
         print(as_json(st) if args.json else format_status(st))
         return 0
-    try:  # Ctrl-C stops the watch wherever it lands: while reading, printing or waiting
-        while True:
+    # Ctrl-C stops the watch wherever it lands. It sets a flag rather than raising: a
+    # KeyboardInterrupt raised inside a finalizer (a database connection collected while
+    # reading) is swallowed by Python, and the watch would go on. A second Ctrl-C raises.
+    stop = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        while not stop.is_set():
             st = status(args.db)
             text = as_json(st) if args.json else format_status(st)
             clear = "\033[2J\033[H" if sys.stdout.isatty() else ""
             print(f"{clear}{text}\n(every {args.watch:g} s; Ctrl-C to stop)", flush=True)
-            time.sleep(args.watch)
+            stop.wait(args.watch)
     except KeyboardInterrupt:
-        return 0
+        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 0
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
