@@ -120,8 +120,10 @@ def test_attention_winner_loops_over_the_sequence(name):
     assert seq == 4096
 
 
+# ntrans (a 50 s search at small shapes on 2 cores) is left to tests/kernels/test_winners.py,
+# which asserts the same one kernel from the same search and then builds and runs it
 @pytest.mark.parametrize("name,limits", [
-    ("gated_mlp", {}), ("ntrans", {}), ("softmax_rows", {}), ("rmsnorm_residual", {}),
+    ("gated_mlp", {}), ("softmax_rows", {}), ("rmsnorm_residual", {}),
     ("lora", {}), ("lora", {"max_block_inputs": 4}),
 ])
 def test_suite_programs_fuse_into_one_kernel(name, limits):
