@@ -5,8 +5,8 @@
         [--no-compile] [--json]
 
 Rows: the suite's programs at their default (paper) shapes, or ``--only`` names and program
-files (``benchmarks/programs/*.yaml``: the blocks searched in pieces).  Columns, each timed by the one
-timing loop (``kernels.measure``: host clock on a cpu, CUDA events on a GPU), interleaved
+files (``benchmarks/programs/*.yaml``: the blocks searched in pieces).  Columns, each timed by
+the one timing loop (``kernels.measure``: host clock on a cpu, CUDA events on a GPU), interleaved
 round robin for ``--rounds`` rounds, medians reported:
 
 - ``numpy`` (cpu) / ``cupy`` (cuda): the reference program op by op (one library call per op);
