@@ -28,6 +28,11 @@ class BlockSearch:
         self.memo: dict[tuple, str | None] = {}
         self.sig_ids: dict[tuple, int] = {}
         self.block_ops = ctx.useful_ops(ctx.limits.block_ops)
+        # per op: its table row, arity, commutativity, and whether it is binary without attrs
+        self.op_rows = [(k, OPS[k], OPS[k].arity, OPS[k].commutative,
+                         OPS[k].arity == 2 and not OPS[k].attrs) for k in self.block_ops]
+        self.pair_memo: dict[str, tuple[dict, dict]] = {k: ({}, {}) for k in self.block_ops}
+        self.attr_memo: dict[tuple, list[tuple]] = {}  # (op, shape, stage) -> attr sets
         # a shard without grid dims (outputs that keep no dim to split) is one block
         grid = tuple(GRID_SYMBOLS[i] for i in range(len(shard.grid))) or (1,)
         specs = [(self.kg.tensors[t].shape, self.kg.tensors[t].dtype) for t in shard.inputs]
@@ -56,43 +61,75 @@ class BlockSearch:
 
     def _new_moves(self, fresh: range) -> list[tuple]:
         """Ops whose newest operand is in ``fresh``, sorted by canonical key, each with its
-        e-class looked up once (moves that leave the target are dropped here)."""
+        e-class looked up once (moves that leave the target are dropped here).
+
+        This runs once per search state over every op and operand pair (ntrans at small
+        shapes: 11 million moves, most of them pruned), so its inner loop is kept flat: an
+        op's e-class is memoised per (op, attributes, operand signatures) in one dict per op
+        and newest operand, keyed by the other operand's signature alone."""
         bg, prune = self.bg, self.ctx.limits.prune
         looped = bg.forloop_range != 1
-        memo, out, sig = self.memo, [], self.sig
-        for kind in self.block_ops:
-            opdef = OPS[kind]
+        sig, out, classify = self.sig, [], self._classify
+        pruned = 0
+        for kind, opdef, arity, commutative, plain in self.op_rows:
             for n in fresh:
+                if plain and prune:  # a binary op without attributes: the common, hot case
+                    sn = sig[n]
+                    # (a, n) for every a <= n, then (n, a) for every a < n (not commutative);
+                    # by_second[s] maps a first operand's signature to the e-class of the op
+                    # with s second, by_first[s] a second operand's with s first: one fact
+                    # stored under both, as a pair of signatures is met from either side
+                    by_first, by_second = self.pair_memo[kind]
+                    for side in ((0,) if commutative else (0, 1)):
+                        memo = (by_second if side == 0 else by_first).setdefault(sn, {})
+                        for a in range(n + 1 if side == 0 else n):
+                            sa = sig[a]
+                            cls = memo.get(sa, memo)
+                            operands = (a, n) if side == 0 else (n, a)
+                            if cls is memo:
+                                cls = memo[sa] = classify(kind, operands, (), looped)
+                                (by_first if side == 0 else by_second).setdefault(
+                                    sa, {})[sn] = cls
+                            if cls is None:
+                                pruned += 1
+                                continue
+                            out.append(((n, (n, a), kind, ()), kind, operands, (), cls))
+                    continue
                 tuples: list[tuple[int, ...]]
-                if opdef.arity == 1:
+                if arity == 1:
                     tuples = [(n,)]
-                elif opdef.commutative:
+                elif commutative:
                     tuples = [(a, n) for a in range(n + 1)]
                 else:
                     tuples = [*((a, n) for a in range(n + 1)), *((n, a) for a in range(n))]
                 for operands in tuples:
-                    if opdef.arity == 2 and not opdef.attrs:
-                        attr_sets: list[tuple] = [()]
-                    else:
-                        attr_sets = self._attr_sets(kind, opdef, bg.tensors[operands[0]], looped)
-                    sigs = (sig[operands[0]], sig[operands[-1]]) if len(operands) == 2 \
-                        else (sig[operands[0]],)
+                    attr_sets = [()] if plain else \
+                        self._attr_sets(kind, opdef, bg.tensors[operands[0]], looped)
+                    sigs = tuple(sig[t] for t in operands)
                     for attrs in attr_sets:
                         cls = None
                         if prune:
                             memo_key = (kind, sigs, attrs)
-                            cls = memo.get(memo_key, memo)
-                            if cls is memo:
-                                cls = memo[memo_key] = self._classify(kind, operands, attrs,
-                                                                      looped)
+                            cls = self.memo.get(memo_key, self.memo)
+                            if cls is self.memo:
+                                cls = self.memo[memo_key] = classify(kind, operands, attrs,
+                                                                     looped)
                             if cls is None:
-                                self.stats.pruned += 1
+                                pruned += 1
                                 continue
                         out.append((op_key(kind, operands, attrs), kind, operands, attrs, cls))
+        self.stats.pruned += pruned
         out.sort(key=lambda m: m[0])
         return out
 
     def _attr_sets(self, kind: str, opdef, first, looped: bool) -> list[tuple]:
+        key = (kind, first.shape, first.stage)
+        sets = self.attr_memo.get(key)
+        if sets is None:
+            sets = self.attr_memo[key] = self._attr_sets_of(kind, opdef, first, looped)
+        return sets
+
+    def _attr_sets_of(self, kind: str, opdef, first, looped: bool) -> list[tuple]:
         if kind == "accum":
             if first.stage == "epilogue":
                 return []
