@@ -105,7 +105,7 @@ class BlockSearch:
                 for operands in tuples:
                     attr_sets = [()] if plain else \
                         self._attr_sets(kind, opdef, bg.tensors[operands[0]], looped)
-                    sigs = tuple(sig[t] for t in operands)
+                    sigs = (sig[n],) if arity == 1 else (sig[operands[0]], sig[operands[1]])
                     for attrs in attr_sets:
                         cls = None
                         if prune:
@@ -181,7 +181,7 @@ class BlockSearch:
             if self.deadline and time.monotonic() > self.deadline:
                 self.stats.timed_out = True
                 return
-            if need and sum(1 for t in set(operands) if t in unread) < need:
+            if need and len(unread.intersection(operands)) < need:
                 continue
             attrs_d = dict(attrs)
             n_tensors = len(bg.tensors)

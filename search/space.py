@@ -135,6 +135,7 @@ class Context:
     # block search tries (add_scalar's scalars, rms_norm's eps, ...)
     numbers: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict)
     _prefix_cache: dict = field(default_factory=dict)
+    _useful_cache: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, reference: KernelGraph, limits: Limits) -> Context:
@@ -159,6 +160,9 @@ class Context:
         a sum included (a pure elementwise program)."""
         if not self.limits.prune:
             return ops
+        key = tuple(ops)
+        if key in self._useful_cache:  # every shard asks; the saturated table is large
+            return self._useful_cache[key]
         present = {key[0] for key in self.target.table}
         kept = []
         for name in ops:
@@ -170,6 +174,7 @@ class Context:
                 if top is None or top in present:
                     kept.append(name)
                     break
+        self._useful_cache[key] = tuple(kept)
         return tuple(kept)
 
     def keep(self, expr: Expr) -> bool:
