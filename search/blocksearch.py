@@ -85,15 +85,15 @@ class BlockSearch:
                         for a in range(n + 1 if side == 0 else n):
                             sa = sig[a]
                             cls = memo.get(sa, memo)
-                            operands = (a, n) if side == 0 else (n, a)
+                            pair: tuple[int, ...] = (a, n) if side == 0 else (n, a)
                             if cls is memo:
-                                cls = memo[sa] = classify(kind, operands, (), looped)
+                                cls = memo[sa] = classify(kind, pair, (), looped)
                                 (by_first if side == 0 else by_second).setdefault(
                                     sa, {})[sn] = cls
                             if cls is None:
                                 pruned += 1
                                 continue
-                            out.append(((n, (n, a), kind, ()), kind, operands, (), cls))
+                            out.append(((n, (n, a), kind, ()), kind, pair, (), cls))
                     continue
                 tuples: list[tuple[int, ...]]
                 if arity == 1:
