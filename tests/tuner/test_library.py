@@ -71,7 +71,6 @@ def test_library_kernel_runs_the_reference_like_a_kernel() -> None:
         kernel(x, w.T)
 
 
-@pytest.mark.serial  # 3 timings: a loaded machine would add rounds
 def test_a_launch_where_blas_wins_serves_the_library(tmp_path: Path) -> None:
     (tmp_path / "plain_matmul.yaml").write_text(MATMUL)
     job = tmp_path / "job.yaml"
@@ -93,7 +92,8 @@ def test_a_launch_where_blas_wins_serves_the_library(tmp_path: Path) -> None:
         timings = database.measurements(record.trial_id)
         (structure,) = [s for s in database.structures(database.programs()[0].program_id)
                         if s.id == record.structure_id]
-    assert len(timings) == 3 and all(m.status == "ok" for m in timings)
+    # 3 timings on a quiet machine; a loaded one (another test process) adds rounds
+    assert len(timings) >= 3 and all(m.status == "ok" for m in timings)
     assert structure.verification["verdict"] == "library"
     # `tuner best` says the library wins, and by how much
     res = run_cli("best", str(tmp_path / "plain_matmul.yaml"), "--db", url, timeout=600)
