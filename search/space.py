@@ -160,9 +160,9 @@ class Context:
         a sum included (a pure elementwise program)."""
         if not self.limits.prune:
             return ops
-        key = tuple(ops)
-        if key in self._useful_cache:  # every shard asks; the saturated table is large
-            return self._useful_cache[key]
+        asked = tuple(ops)
+        if asked in self._useful_cache:  # every shard asks; the saturated table is large
+            return self._useful_cache[asked]
         present = {key[0] for key in self.target.table}
         kept = []
         for name in ops:
@@ -174,7 +174,7 @@ class Context:
                 if top is None or top in present:
                     kept.append(name)
                     break
-        self._useful_cache[key] = tuple(kept)
+        self._useful_cache[asked] = tuple(kept)
         return tuple(kept)
 
     def keep(self, expr: Expr) -> bool:
