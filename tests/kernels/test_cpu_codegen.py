@@ -299,9 +299,9 @@ def test_a_half_a_tile_matches_numpy_converted_once_or_read_as_is(rows, sa, kn):
 @pytest.mark.parametrize("march, cb", [("x86-64-v3", 2), ("x86-64-v4", 4)])
 def test_a_half_a_is_not_converted_in_the_tiles_k_loop(march, cb, tmp_path):
     """The k loop of an 8-row tile over A's float copy converts only B's vectors (the loop
-    over halves as stored, for a long A, is compiled beside it).  Converting an A scalar at every k step of every column tile (8 a
-    step against B's 2 vectors) kept gated_mlp's AVX2 tile issue-bound: 9.4 -> 8.0 ms on an
-    AMD EPYC Zen 3, lora 0.79 -> 0.63 ms, gqa 7.4 -> 6.1 ms."""
+    over halves as stored, for a long A, is compiled beside it).  Converting an A scalar at
+    every k step of every column tile (8 a step against B's 2 vectors) kept gated_mlp's AVX2
+    tile issue-bound: 9.4 -> 8.0 ms on an AMD EPYC Zen 3, lora 0.79 -> 0.63, gqa 7.4 -> 6.1."""
     (tmp_path / "t.cpp").write_text(_mm_rows_source(8))
     subprocess.run(["g++", "-O3", f"-march={march}", "-S", "t.cpp", "-o", "t.s"],
                    cwd=tmp_path, check=True, capture_output=True)
