@@ -57,6 +57,7 @@ from costmodel import (  # noqa: E402
     concat,
     device_profile,
     featurize_params,
+    group_name,
     kernel_tuner_samples,
     make_model,
     read_kernel_tuner,
@@ -154,7 +155,8 @@ def target_samples(target: Space) -> list:
     """The target GPU's configs as the model sees them (its table row, or its sibling's)."""
     profile = device_profile(target.raw.device_key)
     return [featurize_params(c, target.keys, target.raw.problem_size, profile.spec,
-                             group="target", program=target.raw.kernel,
+                             group=group_name(target.raw.kernel, target.raw.device),
+                             program=target.raw.kernel,
                              device=target.raw.device_key, known_device=profile.known)
             for c in target.configs]
 

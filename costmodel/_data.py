@@ -19,7 +19,7 @@ from kernels import OK, DeviceSpec, replay_key
 from search.ir import from_obj
 
 from ._devices import device_profile
-from ._features import Sample, featurize, featurize_params
+from ._features import Sample, featurize, featurize_params, group_name
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def read_kernel_tuner(path: str | Path) -> KernelTunerSpace:
 def kernel_tuner_samples(space: KernelTunerSpace) -> list[Sample]:
     """One sample per configuration that ran (failed ones have no time to learn)."""
     profile = device_profile(space.device_key)
-    group = f"{space.kernel}@{space.device}"
+    group = group_name(space.kernel, space.device)
     out = []
     for config, seconds in zip(space.configs, space.times_s, strict=True):
         if not math.isnan(seconds):
@@ -118,7 +118,7 @@ def sweep_samples(path: str | Path) -> Iterator[Sample]:
         if r["kind"] != "trial" or r["status"] != OK:
             continue
         s = featurize(graphs[(r["program"], r["structure"])], r["config"], spec,
-                      group=f"{r['program']}/{r['structure'][:12]}@{device}",
+                      group=group_name(f"{r['program']}/{r['structure'][:12]}", device),
                       program=r["program"], device=device)
         s.seconds = float(r["median_s"])
         yield s

@@ -94,6 +94,21 @@ class Sample:
                                self.nodes.sum(0), hist]).astype(np.float32)
 
 
+def group_name(structure: str, device: str) -> str:
+    """The group a sample is ranked within: one structure (a µGraph's hash, a Kernel Tuner
+    kernel's name) on one device.  The part before ``@`` is also how the siblings' ranks
+    (``_siblings``) tell "the same config" on two devices, so every caller that featurizes
+    configs to train on or to predict names its groups here: a sampler that named them
+    otherwise found no sibling's measurement of any config and ranked a device it never
+    trained on by the trees alone."""
+    return f"{structure}@{device}"
+
+
+def group_structure(group: str) -> str:
+    """The structure of a ``group_name``."""
+    return group.split("@", 1)[0]
+
+
 def _log2(x: float) -> float:
     return math.log2(1.0 + max(0.0, float(x)))
 

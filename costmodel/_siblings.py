@@ -39,7 +39,7 @@ import numpy as np
 from scipy.stats import norm, rankdata
 
 from ._devices import spec_for_key
-from ._features import Sample
+from ._features import Sample, group_structure
 
 SAME_ARCH = 4.0  # an identical architecture's weight against 1 for the same vendor runtime
 BLEND = 0.75  # the siblings' share of the order where they measured the config (0.5 .. 1.0
@@ -55,19 +55,13 @@ def affinity(a: str, b: str) -> float:
 
 
 def _config_key(s: Sample) -> tuple | None:
-    """What is "the same config" on two devices: the program, the structure (the group's
-    name before its ``@device``: two structures of one program share knob names such as
-    ``F`` or ``g0`` and rank them differently) and the config."""
+    """What is "the same config" on two devices: the program, the structure
+    (``group_structure``: two structures of one program share knob names such as ``F`` or
+    ``g0`` and rank them differently) and the config."""
     if not s.config:
         return None
-    return (s.program, s.group.split("@", 1)[0],
+    return (s.program, group_structure(s.group),
             tuple(sorted((str(k), str(v)) for k, v in s.config.items())))
-
-
-def _legacy_key(s: Sample) -> tuple | None:
-    """The key of a model stored before the structure was part of it (program and config)."""
-    key = _config_key(s)
-    return None if key is None else (key[0], key[2])
 
 
 def _standard(x: np.ndarray) -> np.ndarray:
@@ -84,7 +78,7 @@ class MeasuredRanks:
             if _config_key(s) is not None and s.seconds > 0 and math.isfinite(s.seconds):
                 rows[s.group].append(i)
         self.z: dict[tuple, dict[str, float]] = defaultdict(dict)
-        self.keyed_by = "structure"  # "program": a model stored before (``_legacy_key``)
+        self.keyed_by = "structure_id"  # older stored models: ``_key``
         for idx in rows.values():
             if len(idx) < 2:
                 continue
@@ -108,7 +102,15 @@ class MeasuredRanks:
         self._weights = {}
 
     def _key(self, s: Sample) -> tuple | None:
-        return _config_key(s) if self.keyed_by == "structure" else _legacy_key(s)
+        """``_config_key``, as the stored model keyed its ranks: "program" (stored before the
+        structure was part of the key: program and config), "structure" (stored before
+        ``group_name``: our rows' groups held a structure hash's first 16 characters)."""
+        key = _config_key(s)
+        if key is None or self.keyed_by == "structure_id":
+            return key
+        if self.keyed_by == "structure":
+            return (key[0], key[1][:16], key[2])
+        return (key[0], key[2])
 
     def typicality(self, program: str, device: str, exclude: str = "") -> float:
         """``device``'s mean correlation with each other training device (but ``exclude``)

@@ -24,7 +24,7 @@ from search.ir import KernelGraph, from_obj
 from ._data import read_kernel_tuner
 from ._devices import DeviceProfile, device_profile, unknown_devices
 from ._evaluate import cross_validate
-from ._features import FEATURE_VERSION, Sample, featurize, featurize_params
+from ._features import FEATURE_VERSION, Sample, featurize, featurize_params, group_name
 from ._kinds import MIN_FIT_ROWS, load_model, make_model
 from ._metrics import evaluate
 from ._models import CostModel
@@ -67,7 +67,7 @@ def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
     for r in rows:
         p = profiles.get(r.device_key) or profiles.setdefault(r.device_key,
                                                               device_profile(r.device_key))
-        group = f"{r.structure_hash[:16]}@{r.device_key}"
+        group = group_name(r.structure_hash, r.device_key)
         kt = r.structure.get("kernel_tuner") if isinstance(r.structure, dict) else None
         if kt:
             s = featurize_params(r.config, kt["keys"], kt["problem_size"], p.spec, group=group,

@@ -116,6 +116,30 @@ def test_a_model_stored_before_the_typicality_weights_still_ranks() -> None:
     assert np.allclose(again.ranks(space(A6000)), want)
 
 
+def test_a_model_stored_when_groups_held_16_characters_of_the_hash_still_ranks() -> None:
+    """Our rows' groups once held a structure hash's first 16 characters, while the sampler
+    named its configs by the whole hash (so it found no sibling's rank); groups are now
+    ``costmodel.group_name`` everywhere, and a model stored then looks its ranks up by the
+    first 16 characters."""
+    import pickle
+
+    structure = "0123456789abcdef" * 4  # a sha256 hex digest's length
+
+    def named(samples: list[costmodel.Sample]) -> list[costmodel.Sample]:
+        for s in samples:
+            s.group = costmodel.group_name(structure, s.device)
+        return samples
+
+    ranks = MeasuredRanks(named(space(A4000, nvidia_time) + space(A100, nvidia_time)))
+    want = ranks.ranks(named(space(A6000)))
+    assert np.isfinite(want).all()
+    old = MeasuredRanks.__new__(MeasuredRanks)
+    old.__dict__.update(z={(k[0], k[1][:16], k[2]): v for k, v in ranks.z.items()},
+                        keyed_by="structure", agree=ranks.agree)
+    again = pickle.loads(pickle.dumps(old))
+    assert np.allclose(again.ranks(named(space(A6000))), want)
+
+
 def test_two_structures_of_one_program_keep_their_own_orders() -> None:
     """Two µGraph structures of one program share the knob names (``F``, ``g0``) but rank
     them in opposite orders; a new device's configs of each are ranked by its siblings'

@@ -129,15 +129,17 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
 
     profile = costmodel.device_profile(device_key)  # a device the table lacks: its sibling's
     spec = profile.spec
+    names = {p.program_id: p.name for p in database.programs()}  # as the training rows name them
     out = []
     for s in _stored_structures(database, program, overrides):
         obj = s.structure
         if isinstance(obj, dict) and "kernel_tuner" in obj:
             configs = db.structure_configs(database, s.id)
             kt = obj["kernel_tuner"]
+            group = costmodel.group_name(s.structure_hash, device_key)
             samples = [costmodel.featurize_params(c, kt["keys"], kt["problem_size"], spec,
-                                                  group="p", program="p", device=device_key,
-                                                  known_device=profile.known)
+                                                  group=group, program=names[s.program_id],
+                                                  device=device_key, known_device=profile.known)
                        for c in configs]
             pred = model.predict(samples) if samples else []
             ranked = sorted(zip(configs, pred, strict=True), key=lambda x: x[1])
@@ -145,7 +147,9 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
             graph = from_obj(obj)
             space = config_space(graph, spec)
             legal = [c for c in space.configs() if space.check(c) is None][:4096]
-            ranked = predicted_order(model, graph, legal, spec, device_key)
+            ranked = predicted_order(model, graph, legal, spec, device_key,
+                                     program=names[s.program_id],
+                                     structure_hash=s.structure_hash)
         out += [{"structure": s.structure_hash, "config": c, "predicted_s": float(p)}
                 for c, p in ranked]
     return sorted(out, key=lambda r: r["predicted_s"])

@@ -28,7 +28,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from costmodel import CostModel, Sample, device_profile, featurize, featurize_params
+from costmodel import CostModel, Sample, device_profile, featurize, featurize_params, group_name
 
 from .registry import make_sampler
 
@@ -201,17 +201,18 @@ def study_samples(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[
     (before the check knew the split rule a RoPE region's space held 10 of 35 such configs,
     and binding the model sampler to it failed a whole compile)."""
     profile = device_profile(task.device_key)
+    group = group_name(task.structure_hash, task.device_key)  # as the training rows' groups
     kt = task.structure_obj.get("kernel_tuner") if task.structure is None else None
     if kt is not None:
         return list(configs), [featurize_params(c, kt["keys"], kt["problem_size"],
-                                                profile.spec, group=task.structure_hash,
+                                                profile.spec, group=group,
                                                 program=task.program, device=task.device_key,
                                                 known_device=profile.known) for c in configs]
     kept: list[dict] = []
     samples: list[Sample] = []
     for c in configs:
         try:
-            samples.append(featurize(task.structure, c, task.spec, group=task.structure_hash,
+            samples.append(featurize(task.structure, c, task.spec, group=group,
                                      program=task.program, device=task.device_key,
                                      known_device=profile.known))
         except ValueError:
@@ -221,10 +222,15 @@ def study_samples(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[
 
 
 def predicted_order(model: CostModel, structure: Any, configs: Sequence[dict], spec: Any,
-                    device_key: str = "") -> list[tuple[dict, float]]:
-    """``configs`` with their predicted seconds, fastest first (``tuner model predict``)."""
+                    device_key: str = "", *, program: str = "", structure_hash: str = ""
+                    ) -> list[tuple[dict, float]]:
+    """``configs`` with their predicted seconds, fastest first (``tuner model predict``).
+    ``program`` (its stored name) and ``structure_hash`` name the configs as the training
+    rows do, so a device the model never trained on is ranked by its siblings' measurements
+    of them (``costmodel._siblings``)."""
     known = device_profile(device_key).known if device_key else True
-    samples = [featurize(structure, c, spec, device=device_key, known_device=known)
+    samples = [featurize(structure, c, spec, group=group_name(structure_hash, device_key),
+                         program=program, device=device_key, known_device=known)
                for c in configs]
     pred = model.predict(samples) if samples else np.zeros(0)
     return sorted(zip(configs, (float(p) for p in pred), strict=True), key=lambda x: x[1])
