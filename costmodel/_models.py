@@ -45,6 +45,11 @@ class CostModel(ABC):
         nothing this way."""
         return {}
 
+    def siblings_measured(self, samples: Sequence[Sample]) -> int | None:
+        """How many of ``samples`` other devices measured, where that ranks them: see
+        ``LearnedModel.siblings_measured``.  None: the roofline ranks by no measurement."""
+        return None
+
     @abstractmethod
     def fit(self, samples: Sequence[Sample], *, progress: Callable[[str], None] | None = None,
             seed: int = 0) -> None: ...
@@ -206,6 +211,16 @@ class LearnedModel(CostModel):
                            "tau": {name: round(t, 3) for (name, _), t in zip(candidates, taus,
                                                                                strict=True)}}
         return out
+
+    def siblings_measured(self, samples: Sequence[Sample]) -> int | None:
+        """How many of ``samples`` (configs on one device) the training devices measured:
+        on a device this model never trained on, those are ranked by the siblings' order
+        blended with the trees', the rest by the trees alone (``_siblings``).  None where
+        the model trained on the device (or keeps no measurements)."""
+        measured = getattr(self, "measured", None)
+        if measured is None or not samples or samples[0].device in self.devices:
+            return None
+        return int(np.isfinite(measured.ranks(samples)).sum())
 
     def _has_siblings(self, samples: Sequence[Sample]) -> bool:
         measured = getattr(self, "measured", None)

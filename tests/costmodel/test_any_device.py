@@ -98,11 +98,16 @@ def test_a_gpu_never_trained_on_is_ranked_by_its_siblings_in_the_sampler_and_pre
     measurements of the same configs.  They named it otherwise, found no sibling's rank of
     any config and ranked the GPU by the trees alone: here 0 of 837 configs, and Kendall tau
     0.634 against the GPU's own times where the siblings give 0.749."""
+    import re
+    from dataclasses import replace
+
+    import optuna
     from scipy.stats import kendalltau
 
     from tuner.api.models import predict_configs
-    from tuner.pipeline.tune import StudyTask
-    from tuner.samplers.model import study_samples
+    from tuner.pipeline.recorded import config_space_of
+    from tuner.pipeline.tune import Codec, StudyTask
+    from tuner.samplers.model import ModelSampler, study_samples
 
     url = f"sqlite:///{tmp_path / 'siblings.db'}"
     with db.connect(url) as database:
@@ -138,3 +143,15 @@ def test_a_gpu_never_trained_on_is_ranked_by_its_siblings_in_the_sampler_and_pre
     assert tau(kept, model.predict(samples)) > 0.7
     _, ranked = predict_configs(url, "convolution_kernel", None, KEY)
     assert tau([r["config"] for r in ranked], [r["predicted_s"] for r in ranked]) > 0.7
+    # a launch's sampler says, per study, how many candidates the siblings measured
+    said: list[str] = []
+    space = config_space_of(costmodel.read_kernel_tuner(unknown_gpu_cache(tmp_path, every=8)))
+    codec = Codec(space.params)
+    ModelSampler(model, log=said.append).bind(replace(task, space=space), codec,
+                                              codec.distributions(optuna))
+    assert len(said) == 1 and "never trained on" in said[0], said
+    found, total = map(int, re.search(r"measured (\d+) of its (\d+) candidate", said[0]).groups())
+    assert total > 500 and found > 0.05 * total, said[0]
+    trained_on = replace(task, device_key="replay:NVIDIA RTX A6000", space=space)
+    ModelSampler(model, log=said.append).bind(trained_on, codec, codec.distributions(optuna))
+    assert len(said) == 1  # a device the model trained on: nothing to say

@@ -67,7 +67,8 @@ def sampler_factory(name: str, seed: int | None, database: db.Database, device_k
             return SamplerFactory(lambda: make_sampler(name, seed), f"tpe ({figure})")
         log(f"sampler auto: {what} ranks each space on {device_key} (held-out tau {tau:.2f} "
             f">= {AUTO_MIN_TAU})")
-        return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0),
+        return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0, log=log),
                               f"model {record.id} (held-out tau {tau:.2f})")
     log(f"sampler model: {what} ranks each space")
-    return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0), f"model {record.id}")
+    return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0, log=log),
+                          f"model {record.id}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -140,8 +140,9 @@ class ModelSampler(BaseSampler):
     """An Optuna sampler ranked by a ``costmodel.CostModel`` (``GuidedRanking``); ``bind``
     gives it the study's structure, device and config space before the first ask."""
 
-    def __init__(self, model: CostModel, *, seed: int = 0, candidates: int = 2048) -> None:
-        self.model, self.seed, self.candidates = model, seed, candidates
+    def __init__(self, model: CostModel, *, seed: int = 0, candidates: int = 2048,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.model, self.seed, self.candidates, self.log = model, seed, candidates, log
         self._fallback = make_sampler("random", seed)
         self._params: list[dict[str, Any]] = []
         self._names: list[str] = []
@@ -155,6 +156,7 @@ class ModelSampler(BaseSampler):
         if len(configs) > self.candidates:
             configs = random.Random(self.seed).sample(configs, self.candidates)
         configs, samples = study_samples(task, configs)
+        self._say_siblings(task, samples)
         self._dists = dict(dists)
         self._params = [codec.encode(c) for c in configs]
         self._names = names = sorted(dists)
@@ -163,6 +165,20 @@ class ModelSampler(BaseSampler):
         if configs:
             codes = np.asarray([[p[n] for n in names] for p in self._params], np.int64)
             self._ranking = GuidedRanking(self.model, samples, codes)
+
+    def _say_siblings(self, task: Any, samples: Sequence[Sample]) -> None:
+        """One line per study on a device the model never trained on: how many candidates
+        its siblings measured (what ranks them; none: the trees alone).  The sampler once
+        found none for any config, and nothing said so (docs/costmodel.md)."""
+        found = self.model.siblings_measured(samples)
+        if self.log is None or found is None:
+            return
+        self.log(f"sampler model on {task.device_key} (a device the cost model never trained "
+                 f"on): {task.program} {task.structure_hash[:12]}: other devices measured "
+                 f"{found} of its {len(samples)} candidate configs"
+                 + ("; the trees alone rank them" if found == 0 else
+                    " (those ranked by their measurements blended with the trees, the rest "
+                    "by the trees)"))
 
     # -- Optuna's sampler interface ---------------------------------------------------------
 
