@@ -63,6 +63,11 @@ class Estimate:
     seconds: float
 
 
+def member_key(config: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """A config as ``ConfigSpace.members`` holds it."""
+    return tuple(sorted((str(k), int(v)) for k, v in config.items()))
+
+
 @dataclass
 class ConfigSpace:
     """Discrete parameters of one structure on one device; ``default`` is the AStitch rule's."""
@@ -81,12 +86,27 @@ class ConfigSpace:
     # the for-loop range of every graph-defined kernel (a symbol or a size): ``splitk``
     # must divide each
     forloops: tuple[str | int, ...] = ()
+    # the configs that exist, where a record lists them (a Kernel Tuner cache: its file's
+    # configs, a third to a half of the product of its parameters' values); None: every
+    # config the rules allow
+    members: frozenset[tuple[tuple[str, int], ...]] | None = None
+
+    @classmethod
+    def listed(cls, configs: Sequence[Mapping[str, int]]) -> ConfigSpace:
+        """The space of the configs a record lists (non-empty): each parameter over the
+        values it takes there, the first config the default, the others not members."""
+        names = sorted({str(k) for c in configs for k in c})
+        params = {k: tuple(sorted({int(c[k]) for c in configs})) for k in names}
+        return cls(params, {k: int(v) for k, v in configs[0].items()},
+                   members=frozenset(member_key(c) for c in configs))
 
     def check(self, config: Mapping[str, int]) -> str | None:
         """None when ``config`` is legal, else why not (divisibility or knob rules)."""
         for name in self.params:
             if name not in config and name not in ABSENT_MEANS:
                 return f"{name} is not set"
+        if self.members is not None and member_key(config) not in self.members:
+            return f"not one of the {len(self.members)} configs the record lists"
         for size, syms in self.constraints:
             if size % math.prod(int(config[s]) for s in syms):
                 return f"{' x '.join(syms)} must divide {size}"

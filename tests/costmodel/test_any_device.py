@@ -151,7 +151,9 @@ def test_a_gpu_never_trained_on_is_ranked_by_its_siblings_in_the_sampler_and_pre
                                               codec.distributions(optuna))
     assert len(said) == 1 and "never trained on" in said[0], said
     found, total = map(int, re.search(r"measured (\d+) of its (\d+) candidate", said[0]).groups())
-    assert total > 500 and found > 0.05 * total, said[0]
+    # the candidates are the file's configs (546), not a sample of the product of the
+    # parameters' values, most of which no GPU ran (measured then: 147 of 2048)
+    assert 500 < total < 600 and found > 0.9 * total, said[0]
     trained_on = replace(task, device_key="replay:NVIDIA RTX A6000", space=space)
     ModelSampler(model, log=said.append).bind(trained_on, codec, codec.distributions(optuna))
     assert len(said) == 1  # a device the model trained on: nothing to say

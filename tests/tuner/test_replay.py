@@ -78,6 +78,26 @@ def test_a_replay_job_parses_to_the_caches_space(tmp_path: Path) -> None:
     assert entry.name == "convolution_kernel" and job.devices == ("cpu", "replay")
 
 
+@needs_caches
+def test_a_replay_space_holds_the_files_configs_not_the_product_of_their_values() -> None:
+    """The product of each parameter's values holds 2-3x the configs the GPU ran: a sampler
+    ranking it drew its candidates mostly from configs that only fail (the model sampler's
+    2048 of 10,240 held 876 of the A100 file's 4,362)."""
+    from tuner.pipeline.recorded import config_space_of
+
+    cache = read_kernel_tuner(CONV)
+    space = config_space_of(cache)
+    listed = sorted(tuple(sorted((k, int(v)) for k, v in c.items())) for c in cache.configs)
+    ours = sorted(tuple(sorted(c.items())) for c in space.configs())
+    assert ours == listed and math.prod(map(len, space.params.values())) > 2 * len(listed)
+    other = next(c for c in ({k: v[0] for k, v in space.params.items()},
+                             {k: v[-1] for k, v in space.params.items()})
+                 if tuple(sorted(c.items())) not in set(listed))
+    assert "not one of the" in (space.check(other) or "")
+    assert space.check(space.default) is None and space.default == {
+        k: int(v) for k, v in cache.configs[0].items()}
+
+
 def _launch(*args: str, env: dict | None = None, timeout: float = 420) -> dict:
     out = subprocess.run([*TUNER, "launch", *args, "--json"], capture_output=True, text=True,
                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)

@@ -1,15 +1,16 @@
 """``tuning: {sampler: model}``: measure configs in the order the learned cost model ranks them.
 
 The model (trained from this database's measurements, ``tuner model train``) predicts every
-legal config of a structure's space (a seeded sample of ``candidates`` where the space is
-larger); the study measures the best-ranked config not tried yet, then corrects the ranking
-with what it measured — each measured config's error (log measured / predicted) is spread to
-the others, weighted by 2^-(parameters that differ) with a prior weight of one on the model —
-and repeats.  After 4, 8 and 16 measurements it also re-fits the model's view of the device
-from them (``CostModel.adapt``: which known devices' rankings the measured configs follow),
-so a device the model never saw is learned from its first few configs (few-shot).  A Kernel
-Tuner space (no µGraph) is predicted from its parameters.  The AStitch default and its warm-start neighbours still go first (they are
-enqueued trials, which Optuna hands out before asking a sampler).  The rule is
+legal config of a structure's space (a seeded sample of ``candidates`` where a µGraph's space
+is larger; every config a Kernel Tuner cache lists); the study measures the best-ranked config
+not tried yet, then corrects the ranking with what it measured — each measured config's error
+(log measured / predicted) is spread to the others, weighted by 2^-(parameters that differ)
+with a prior weight of one on the model — and repeats. After 4, 8 and 16 measurements it also
+re-fits the model's view of the device from them (``CostModel.adapt``: which known devices'
+rankings the measured configs follow), so a device the model never saw is learned from its
+first few configs (few-shot). A Kernel Tuner space (no µGraph) is predicted from its
+parameters. The AStitch default and its warm-start neighbours still go first (they are enqueued
+trials, which Optuna hands out before asking a sampler). The rule is
 ``GuidedRanking``; benchmarks/strategies.py runs that same class on real GPU spaces against
 Kernel Tuner's strategies.
 """
@@ -153,7 +154,9 @@ class ModelSampler(BaseSampler):
     def bind(self, task: Any, codec: Any, dists: dict[str, BaseDistribution]) -> None:
         """Predict the candidates of ``task.space`` (a ``tuner.pipeline.tune.StudyTask``)."""
         configs = [c for c in task.space.configs() if task.space.check(c) is None]
-        if len(configs) > self.candidates:
+        # a µGraph config is lowered to be featurized (milliseconds each): a sample of a large
+        # space; a Kernel Tuner space's parameters are its features, and every config counts
+        if len(configs) > self.candidates and task.structure is not None:
             configs = random.Random(self.seed).sample(configs, self.candidates)
         configs, samples = study_samples(task, configs)
         self._say_siblings(task, samples)
