@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import db
-from kernels import KNOBS, MEASUREMENT_STATUSES, OK, device_key
+from kernels import INVALID, KNOBS, MEASUREMENT_STATUSES, OK, device_key
 from kernels.machine import cpu_model, cpu_vector_isa
 from search.ir import GraphFormatError, from_obj, load_program, structural_hash
 
@@ -55,6 +55,8 @@ class Dataset:
     structures: dict[tuple[str, str], dict] = field(default_factory=dict)
     measurements: list[dict] = field(default_factory=list)
     symbols: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # µGraph structures'
+    # a sweep's trials of configs the lowering refused (``invalid``): nothing was measured
+    not_measured: int = 0
 
     def keys(self) -> set[tuple]:
         """What identifies each measurement (program, structure, config, device)."""
@@ -217,6 +219,8 @@ def _from_sweep(path: Path, records: list[tuple[int, dict]]) -> Dataset:
                                          "graph": _graph_obj(program.build())})
                 _add(data, path, n, {"kind": "structure", "program": keys[rec["program"]],
                                      "hash": rec["hash"], "graph": rec["graph"]})
+            elif rec["kind"] == "trial" and rec.get("status") == INVALID:
+                data.not_measured += 1  # refused before anything was built: no measurement
             elif rec["kind"] == "trial":
                 _add(data, path, n, {"kind": "m", "p": keys[rec["program"]],
                                      "s": rec["structure"], "c": rec["config"],
@@ -255,6 +259,7 @@ def import_dataset(database: db.Database, data: Dataset, host: str | None = None
             device_key=device, configs=configs, host=host)
         added += new
     return {"measurements": len(data.measurements), "added": added,
+            "not_measured": data.not_measured,
             "programs": len(data.programs), "structures": len(data.structures),
             "devices": sorted({m["d"] for m in data.measurements})}
 

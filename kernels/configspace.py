@@ -136,8 +136,10 @@ class ConfigSpace:
         configs that build one kernel have one hash and the tuner measures it once: the
         Triton dialect reads neither ``lanes`` nor ``smem_kb`` (its tiles stay in registers;
         on an H100 a lora sweep measured the same Triton kernel under many of them), nor
-        ``splitk_launches`` without split-K; a stored config without that knob gets the
-        value it was measured with (``ABSENT_MEANS``)."""
+        ``splitk_launches`` without split-K; the CUDA C dialect does not read ``stages``
+        (software pipelining is Triton's: each CUDA C config was measured once per depth);
+        a stored config without ``splitk_launches`` gets the value it was measured with
+        (``ABSENT_MEANS``)."""
         out = dict(config)
         if "splitk_launches" in self.params:  # read only where split-K splits the loop
             if int(out.get("splitk", 1)) > 1:
@@ -145,6 +147,8 @@ class ConfigSpace:
             else:
                 out["splitk_launches"] = self.default["splitk_launches"]
         if not int(out.get("triton", 0)):
+            if "stages" in out and "stages" in self.default:  # the pipeliner is Triton's
+                out["stages"] = self.default["stages"]
             return out
         if "smem_kb" in out and "smem_kb" in self.default:
             out["smem_kb"] = self.default["smem_kb"]

@@ -141,8 +141,9 @@ def test_a_gpu_never_trained_on_is_ranked_by_its_siblings_in_the_sampler_and_pre
     found = np.isfinite(model.measured.ranks(samples))
     assert found.mean() > 0.9, f"siblings' ranks found for {found.sum()} of {len(samples)}"
     assert tau(kept, model.predict(samples)) > 0.7
-    _, ranked = predict_configs(url, "convolution_kernel", None, KEY)
+    _, ranked, measured = predict_configs(url, "convolution_kernel", None, KEY)
     assert tau([r["config"] for r in ranked], [r["predicted_s"] for r in ranked]) > 0.7
+    assert measured is not None and measured > 0.9 * len(ranked)
     # a launch's sampler says, per study, how many candidates the siblings measured
     said: list[str] = []
     space = config_space_of(costmodel.read_kernel_tuner(unknown_gpu_cache(tmp_path, every=8)))
@@ -157,3 +158,44 @@ def test_a_gpu_never_trained_on_is_ranked_by_its_siblings_in_the_sampler_and_pre
     trained_on = replace(task, device_key="replay:NVIDIA RTX A6000", space=space)
     ModelSampler(model, log=said.append).bind(trained_on, codec, codec.distributions(optuna))
     assert len(said) == 1  # a device the model trained on: nothing to say
+
+
+SWEEP = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "sweep_h100_4052033.jsonl.gz"
+H100 = "cuda:NVIDIA H100 80GB HBM3:sm_90"
+
+
+def test_predict_ranks_a_ugraph_program_on_a_gpu_never_trained_on_by_its_siblings(
+        capsys, tmp_path):
+    """`tuner model predict` of a suite program's µGraph structures on an H200, with a model
+    trained on an H100 sweep only: the H100's measurements of the same configs rank them
+    (the predict path named configs otherwise until 6f746de and found none), and predict says
+    how many, as a launch's model sampler does."""
+    from scipy.stats import kendalltau
+
+    url = f"sqlite:///{tmp_path / 'sweep.db'}"
+    code, _, err = run_main(capsys, "import", "dataset", str(SWEEP), "--db", url, "--json")
+    assert code == 0, err
+    code, _, err = run_main(capsys, "model", "train", "--kind", "gbdt", "--db", url, "--json")
+    assert code == 0, err
+    with db.connect(url) as database:
+        measured = {(r.structure_hash, json.dumps(r.config, sort_keys=True)): r.median_s
+                    for r in db.training_rows(database)
+                    if r.device_key == H100 and r.program == "lora"}
+    h200 = "cuda:NVIDIA H200:sm_90"
+    code, out, err = run_main(capsys, "model", "predict", "lora", "--device", h200,
+                              "--top", "100000", "--db", url, "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    pairs = [(r["predicted_s"], measured[k]) for r in got["top"]
+             if (k := (r["structure"], json.dumps(r["config"], sort_keys=True))) in measured]
+    # each distinct kernel once (canonical configs), the H100's measurements found for those
+    # it measured as a launch stores them
+    kernels = {(r["structure"], json.dumps(r["config"], sort_keys=True)) for r in got["top"]}
+    assert len(kernels) == got["candidates"] == len(got["top"]) > 500
+    assert len(pairs) >= 20 and got["siblings_measured"] >= len(pairs)
+    assert f"other devices measured {got['siblings_measured']} of the " in err
+    assert kendalltau(*zip(*pairs, strict=True))[0] > 0.8  # the H100's order of them
+    code, out, err = run_main(capsys, "model", "predict", "lora", "--device", H100,
+                              "--db", url, "--json")
+    assert code == 0 and json.loads(out)["siblings_measured"] is None  # trained on: nothing
+    assert "other devices measured" not in err

@@ -139,3 +139,20 @@ def test_the_h100_sweep_imports_as_gpu_ugraph_data(capsys, tmp_path):
     assert len(rows) > 400 and all(s.seconds > 0 for s in samples)
     code, out, _ = run_main(capsys, "import", "dataset", str(SWEEP), "--db", url, "--json")
     assert json.loads(out)["added"] == 0
+
+
+def test_a_sweep_with_configs_the_lowering_refused_imports_its_measurements(capsys, tmp_path):
+    """A later sweep records the configs the lowering refused (status ``invalid``: a Triton
+    tile over the H100's shared memory), which are no measurement; the file was refused
+    whole ("status 'invalid'; one of ok, ...") and nothing of it could be imported."""
+    sweep = ROOT / "benchmarks" / "data" / "sweep_h100_4052033.jsonl.gz"
+    url = f"sqlite:///{tmp_path / 'h100.db'}"
+    code, out, err = run_main(capsys, "import", "dataset", str(sweep), "--db", url, "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["not_measured"] == 12 and res["added"] == res["measurements"] == 102
+    with db.connect(url) as database:
+        statuses = {r.status for r in db.dataset_rows(database, None)}
+    assert OK in statuses and "invalid" not in statuses
+    code, out, err = run_main(capsys, "import", "dataset", str(sweep), "--db", url)
+    assert code == 0 and "12 trials of configs the lowering refused" in out, out + err

@@ -199,7 +199,7 @@ def test_the_gpu_config_space_offers_both_dialects_and_tensor_core_tiles():
 def test_triton_configs_that_build_one_kernel_have_one_canonical_config():
     """The Triton dialect reads neither lanes nor smem_kb: configs differing only there print
     the same module, so the tuner hashes (and measures) them once; CUDA-C configs, where both
-    change the plan, are left as they are."""
+    change the plan, keep them, and CUDA C does not read the pipelining depth (stages)."""
     from kernels import config_space
 
     program = load_program("lora")
@@ -210,9 +210,13 @@ def test_triton_configs_that_build_one_kernel_have_one_canonical_config():
     b = {**a, "lanes": 2, "smem_kb": space.params["smem_kb"][-1]}
     assert render(lower(structure, a, "H100", "c")) == render(lower(structure, b, "H100", "c"))
     assert space.canonical(a) == space.canonical(b) and space.check(space.canonical(a)) is None
-    cuda_c = {**a, "triton": 0}
+    cuda_c = {**a, "triton": 0, "stages": space.default["stages"]}
     assert space.canonical(cuda_c) == cuda_c
     assert space.canonical({**b, "triton": 0}) != space.canonical(cuda_c)
+    deeper = {**cuda_c, "stages": 4}
+    assert render(lower(structure, deeper, "H100", "c")) == render(
+        lower(structure, cuda_c, "H100", "c"))
+    assert space.canonical(deeper) == cuda_c
 
 
 @pytest.mark.parametrize("name", ["rmsnorm_matmul", "gated_mlp", "gqa", "mha", "mqa"])

@@ -4,8 +4,9 @@ Errors a user can fix are ``InputError``s; nothing is written before the input i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from .programs import InputError
 
@@ -99,10 +100,20 @@ def evaluate_model(url: str | None, split: str, *, device_key: str | None = None
             raise InputError(str(err)) from None
 
 
+class Predicted(NamedTuple):
+    """What ``tuner model predict`` shows: the stored model's record, every candidate config
+    of the program's stored structures with its predicted seconds (fastest first) and, on a
+    device the model never trained on, how many of them other devices measured (those are
+    ranked by their measurements; None on a trained device)."""
+
+    record: Any
+    rows: list[dict]
+    siblings_measured: int | None
+
+
 def predict_configs(url: str | None, program: str, overrides: Mapping[str, Any] | None,
-                    device_key: str | None) -> tuple[Any, list[dict]]:
-    """(the stored model's record, every candidate config of the program's stored structures
-    with its predicted seconds, fastest first)."""
+                    device_key: str | None) -> Predicted:
+    """Rank the program's candidate configs on ``device_key`` with its stored model."""
     import costmodel
     import db
 
@@ -115,11 +126,11 @@ def predict_configs(url: str | None, program: str, overrides: Mapping[str, Any] 
             raise InputError(f"no trained model for device {device_key!r}: run "
                              f"`tuner model train` first")
         model, record = found
-        return record, _ranked(database, model, program, overrides, device_key)
+        return Predicted(record, *_ranked(database, model, program, overrides, device_key))
 
 
 def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any] | None,
-            device_key: str) -> list[dict]:
+            device_key: str) -> tuple[list[dict], int | None]:
     import costmodel
     import db
     from kernels import config_space
@@ -130,7 +141,8 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
     profile = costmodel.device_profile(device_key)  # a device the table lacks: its sibling's
     spec = profile.spec
     names = {p.program_id: p.name for p in database.programs()}  # as the training rows name them
-    out = []
+    out: list[dict] = []
+    measured: int | None = None
     for s in _stored_structures(database, program, overrides):
         obj = s.structure
         if isinstance(obj, dict) and "kernel_tuner" in obj:
@@ -143,16 +155,36 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
                        for c in configs]
             pred = model.predict(samples) if samples else []
             ranked = sorted(zip(configs, pred, strict=True), key=lambda x: x[1])
+            found = model.siblings_measured(samples)
         else:
             graph = from_obj(obj)
             space = config_space(graph, spec)
-            legal = [c for c in space.configs() if space.check(c) is None][:4096]
-            ranked = predicted_order(model, graph, legal, spec, device_key,
-                                     program=names[s.program_id],
-                                     structure_hash=s.structure_hash)
+            legal = _candidates(space, PREDICT_CANDIDATES)
+            ranked, found = predicted_order(model, graph, legal, spec, device_key,
+                                            program=names[s.program_id],
+                                            structure_hash=s.structure_hash)
+        if found is not None:
+            measured = (measured or 0) + found
         out += [{"structure": s.structure_hash, "config": c, "predicted_s": float(p)}
                 for c, p in ranked]
-    return sorted(out, key=lambda r: r["predicted_s"])
+    return sorted(out, key=lambda r: r["predicted_s"]), measured
+
+
+PREDICT_CANDIDATES = 4096  # configs a structure's prediction lowers (milliseconds each)
+
+
+def _candidates(space: Any, most: int) -> list[dict]:
+    """The space's distinct kernels (``canonical`` configs, which a launch stores): all of
+    them, or a seeded sample of ``most`` (as the model sampler samples), never the first
+    ``most`` in the space's order, which held only its smallest values of a parameter."""
+    import random
+
+    seen: dict[str, dict] = {}
+    for c in space.configs():
+        canon = space.canonical(c)
+        seen.setdefault(json.dumps(canon, sort_keys=True), canon)
+    legal = list(seen.values())
+    return legal if len(legal) <= most else random.Random(0).sample(legal, most)
 
 
 def _stored_structures(database: Any, program: str, overrides: Mapping[str, Any] | None

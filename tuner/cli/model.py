@@ -109,7 +109,10 @@ def cmd_import_dataset(args: argparse.Namespace) -> int:
     for out in models.import_dataset(args.db, args.files):
         _emit(args, out, f"{out['file']}: {out['added']} of {out['measurements']} measurements "
                          f"added ({out['programs']} programs, {out['structures']} structures, "
-                         f"devices {', '.join(out['devices'])})")
+                         f"devices {', '.join(out['devices'])})"
+                         + (f"; {out['not_measured']} trials of configs the lowering refused "
+                            "(status invalid: nothing measured) left out"
+                            if out["not_measured"] else ""))
     return 0
 
 
@@ -194,16 +197,24 @@ def _metric_cells(m: dict) -> str:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    record, rows = models.predict_configs(args.db, args.program, parse_pairs(args.set),
-                                          args.device)
+    record, rows, measured = models.predict_configs(args.db, args.program,
+                                                    parse_pairs(args.set), args.device)
     import costmodel
 
     note = costmodel.device_profile(args.device).note
     if note:
         _say(note)
+    if measured is not None:  # as a launch's model sampler says it (docs/costmodel.md)
+        _say(f"{args.device} is a device the cost model never trained on: other devices "
+             f"measured {measured} of the {len(rows)} candidate configs"
+             + ("; the trees alone rank them" if measured == 0 else
+                " (those ranked by their measurements blended with the trees, the rest by "
+                "the trees)"))
+    candidates = len(rows)
     rows = rows[:args.top]
     if args.json:
         print(json.dumps({"model_id": record.id, "kind": record.kind, "device": args.device,
+                          "candidates": candidates, "siblings_measured": measured,
                           "top": rows}, indent=2))
         return 0
     print(f"model {record.id} ({record.kind}) on {args.device}:")

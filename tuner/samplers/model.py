@@ -227,13 +227,23 @@ def study_samples(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[
                                                 profile.spec, group=group,
                                                 program=task.program, device=task.device_key,
                                                 known_device=profile.known) for c in configs]
+    return featurized(task.structure, configs, task.spec, device_key=task.device_key,
+                      program=task.program, structure_hash=task.structure_hash)
+
+
+def featurized(structure: Any, configs: Sequence[dict], spec: Any, *, device_key: str,
+               program: str, structure_hash: str) -> tuple[list[dict], list[Sample]]:
+    """The configs of a µGraph ``structure`` the lowering accepts, with their samples named
+    as the training rows name them (``group_name``); a config it refuses (``ValueError``:
+    a Triton tile's shared memory, which the space's check does not know) is left out."""
+    known = device_profile(device_key).known if device_key else True
+    group = group_name(structure_hash, device_key)
     kept: list[dict] = []
     samples: list[Sample] = []
     for c in configs:
         try:
-            samples.append(featurize(task.structure, c, task.spec, group=group,
-                                     program=task.program, device=task.device_key,
-                                     known_device=profile.known))
+            samples.append(featurize(structure, c, spec, group=group, program=program,
+                                     device=device_key, known_device=known))
         except ValueError:
             continue
         kept.append(c)
@@ -242,14 +252,14 @@ def study_samples(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[
 
 def predicted_order(model: CostModel, structure: Any, configs: Sequence[dict], spec: Any,
                     device_key: str = "", *, program: str = "", structure_hash: str = ""
-                    ) -> list[tuple[dict, float]]:
-    """``configs`` with their predicted seconds, fastest first (``tuner model predict``).
-    ``program`` (its stored name) and ``structure_hash`` name the configs as the training
-    rows do, so a device the model never trained on is ranked by its siblings' measurements
-    of them (``costmodel._siblings``)."""
-    known = device_profile(device_key).known if device_key else True
-    samples = [featurize(structure, c, spec, group=group_name(structure_hash, device_key),
-                         program=program, device=device_key, known_device=known)
-               for c in configs]
+                    ) -> tuple[list[tuple[dict, float]], int | None]:
+    """(the ``configs`` the lowering accepts with their predicted seconds, fastest first; how
+    many of them other devices measured where the model never trained on ``device_key``, else
+    None) for ``tuner model predict``.  ``program`` (its stored name) and ``structure_hash``
+    name the configs as the training rows do, so a device the model never trained on is
+    ranked by its siblings' measurements of them (``costmodel._siblings``)."""
+    configs, samples = featurized(structure, configs, spec, device_key=device_key,
+                                  program=program, structure_hash=structure_hash)
     pred = model.predict(samples) if samples else np.zeros(0)
-    return sorted(zip(configs, (float(p) for p in pred), strict=True), key=lambda x: x[1])
+    ranked = sorted(zip(configs, (float(p) for p in pred), strict=True), key=lambda x: x[1])
+    return ranked, model.siblings_measured(samples)
