@@ -217,3 +217,28 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300
                           cwd=REPO, env={**os.environ, **(env or {})})
 
 
+
+
+def guided_correction(codes: Any, predicted: Any, measured: list[tuple[int, float]],
+                      main_from: int, ridge: float) -> Any:
+    """``GuidedRanking``'s correction written plainly, summed afresh: from ``main_from``
+    measurements on, a ridge fit of the residuals (log measured / predicted) on one indicator
+    per parameter value, then the 2^-(parameters that differ) spread of what it leaves against
+    a prior weight of 1; before, the spread of the residuals."""
+    import numpy as np
+
+    n = len(predicted)
+    main = np.zeros(n)
+    if len(measured) >= main_from:
+        x = np.array([[float(row[j] == v) for j in range(codes.shape[1])
+                       for v in sorted(set(codes[:, j])) if len(set(codes[:, j])) > 1]
+                      for row in codes])
+        idx = [i for i, _ in measured]
+        r = np.array([math.log(t) - predicted[i] for i, t in measured])
+        main = x @ np.linalg.solve(x[idx].T @ x[idx] + ridge * np.eye(x.shape[1]), x[idx].T @ r)
+    num, den = np.zeros(n), np.ones(n)
+    for i, seconds in measured:
+        weight = 2.0 ** -(codes != codes[i]).sum(1)
+        num += weight * (math.log(seconds) - predicted[i] - main[i])
+        den += weight
+    return main + num / den

@@ -13,7 +13,9 @@ import sys
 
 import numpy as np
 import pytest
-from support import REPO, kernel_tuner_cache
+from support import REPO, guided_correction, kernel_tuner_cache
+
+from tuner.samplers.model import MAIN_EFFECTS_FROM, MAIN_EFFECTS_RIDGE
 
 SCRIPT = REPO / "benchmarks" / "strategies.py"
 
@@ -60,12 +62,10 @@ def _plain_rule(space, model, samples, seed, budget):
                 shots.append(shot)
             model.adapt(shots)
             predicted = np.log(model.predict(samples))
-        num, den = np.zeros(len(predicted)), np.ones(len(predicted))
-        for i in order:
-            weight = 2.0 ** -(space.codes != space.codes[i]).sum(1)
-            num += weight * (math.log(space.times[i]) - predicted[i])
-            den += weight
-        i = int(np.argmin(np.where(measured, np.inf, predicted + noise + num / den)))
+        correction = guided_correction(space.codes, predicted,
+                                       [(i, float(space.times[i])) for i in order],
+                                       MAIN_EFFECTS_FROM, MAIN_EFFECTS_RIDGE)
+        i = int(np.argmin(np.where(measured, np.inf, predicted + noise + correction)))
         order.append(i)
         measured[i] = True
     return order

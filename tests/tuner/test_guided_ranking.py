@@ -1,5 +1,6 @@
 """``GuidedRanking``, the rule of ``sampler: model`` (and of benchmarks/strategies.py's model
-strategy): its kept sums are the sums taken afresh, a history told out of order is summed in
+strategy): its kept sums are the sums taken afresh (with main effects of the parameters'
+values from ``MAIN_EFFECTS_FROM`` measurements on), a history told out of order is summed in
 its own order, and ``adapt`` re-learns the device on a copy at 4, 8 and 16 measurements.
 (tests/costmodel/test_strategies_bench.py checks the benchmark's picks against the rule
 written plainly, on a real model.)"""
@@ -10,8 +11,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from support import guided_correction
 
-from tuner.samplers.model import GuidedRanking
+from tuner.samplers.model import MAIN_EFFECTS_FROM, MAIN_EFFECTS_RIDGE, GuidedRanking
 
 
 @dataclass
@@ -45,12 +47,9 @@ def _space(n: int = 40, seed: int = 0):
 
 
 def _afresh(ranking: GuidedRanking) -> np.ndarray:
-    num, den = np.zeros(len(ranking.predicted)), np.ones(len(ranking.predicted))
-    for i, seconds in ranking.measured:
-        weight = 2.0 ** -(ranking.codes != ranking.codes[i]).sum(1)
-        num += weight * (math.log(seconds) - ranking.predicted[i])
-        den += weight
-    return ranking.predicted + num / den
+    return ranking.predicted + guided_correction(ranking.codes, ranking.predicted,
+                                                 ranking.measured, MAIN_EFFECTS_FROM,
+                                                 MAIN_EFFECTS_RIDGE)
 
 
 def test_the_kept_sums_are_the_sums_taken_afresh_and_adapt_runs_on_a_copy():
@@ -65,7 +64,7 @@ def test_the_kept_sums_are_the_sums_taken_afresh_and_adapt_runs_on_a_copy():
                                            _afresh(ranking))))
         picked.append(i)
         ranking.observe(i, times[i])
-    assert np.array_equal(ranking.corrected(), _afresh(ranking))
+    assert np.allclose(ranking.corrected(), _afresh(ranking), rtol=0, atol=1e-12)
     assert ranking.model.adapted == [4, 8, 16] and model.adapted == [] and not model.offsets
 
 

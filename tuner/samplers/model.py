@@ -34,6 +34,14 @@ from costmodel import CostModel, Sample, device_profile, featurize, featurize_pa
 from .registry import make_sampler
 
 ADAPT_AT = (4, 8, 16)  # measurements after which the device is re-learned from them
+# From this many measurements on, the residuals are also explained by main effects of the
+# parameters' values (ridge-fitted, this ridge), which reach configs differing in many
+# parameters; the 2^-distance correction takes what they leave.  benchmarks/strategies.py,
+# 2026-11-28, AMD EPYC Zen 4, 20 seeds (the first values tried, not tuned): mean P 0.941 ->
+# 0.952 (convolution), 0.850 -> 0.864 (dedispersion); W6600 25 -> 15.5 evaluations, MI250X
+# 22 -> 30 (docs/costmodel.md)
+MAIN_EFFECTS_FROM = 8
+MAIN_EFFECTS_RIDGE = 2.0
 
 
 class GuidedRanking:
@@ -45,17 +53,21 @@ class GuidedRanking:
     log time of each config (of ``samples``), corrected by what was measured (``observe``):
     each measured config's residual (log measured / predicted) is spread to every config,
     weighted 2^-(number of parameters that differ, ``codes`` being one row of integer
-    parameter values per config), against a prior weight of 1 on the model.  Once the
-    measurements reach a count in ``adapt_at``, the device is re-learned from all of them
-    (``CostModel.adapt``, on this ranking's own copy of the model: the caller's model is left
-    as it was) before the next ranking.  ``tie_break``: a seed for a N(0, 0.01) noise added to
+    parameter values per config), against a prior weight of 1 on the model; from
+    ``MAIN_EFFECTS_FROM`` measurements on, main effects of the parameters' values fitted to
+    the residuals first (a value measured faster than predicted, as a genetic algorithm's
+    recombination would carry it, reaches configs far from the measured ones), and the
+    2^-distance spread of what they leave.  Once the measurements reach a count in
+    ``adapt_at``, the device is re-learned from all of them (``CostModel.adapt``, on this
+    ranking's own copy of the model: the caller's model is left as it was) before the next
+    ranking.  ``tie_break``: a seed for a N(0, 0.01) noise added to
     the ranking (not to ``corrected``), so that ties fall differently per seed (the
     benchmark's seeds; a launch adds none).
 
-    The correction's sums are kept from one measurement to the next, added in the order in
+    The 2^-distance sums are kept from one measurement to the next, added in the order in
     which summing them afresh would add them (so the same numbers), and summed afresh only
     when ``adapt`` changes the prediction: the benchmark ranks spaces of ~10^4 configs a few
-    hundred times a seed."""
+    hundred times a seed (with main effects, a ridge fit and one product a ranking)."""
 
     def __init__(self, model: CostModel, samples: Sequence[Sample], codes: np.ndarray, *,
                  adapt_at: Sequence[int] = ADAPT_AT, tie_break: int | None = None) -> None:
@@ -72,6 +84,7 @@ class GuidedRanking:
         self._num = np.zeros(n)
         self._den = np.ones(n)  # the prior weight of 1 on "the model is right"
         self._adapted_at = 0
+        self._values = _one_hot(codes)  # per config, which value each parameter takes
 
     def _predict(self) -> np.ndarray:
         """Predicted log seconds of every config (floored at 1 ps: the log of a 0 is -inf)."""
@@ -114,7 +127,21 @@ class GuidedRanking:
     def corrected(self) -> np.ndarray:
         """Every config's predicted log time corrected by the measurements (no tie noise)."""
         self._adapt_if_due()
-        return self.predicted + self._num / self._den
+        return self.predicted + self._correction()
+
+    def _correction(self) -> np.ndarray:
+        """What the measurements add to each config's predicted log time (class docstring)."""
+        if len(self.measured) < MAIN_EFFECTS_FROM:
+            return self._num / self._den
+        x = self._values
+        index = np.array([i for i, _ in self.measured])
+        residual = np.log([t for _, t in self.measured]) - self.predicted[index]
+        xm = x[index]
+        beta = np.linalg.solve(xm.T @ xm + MAIN_EFFECTS_RIDGE * np.eye(x.shape[1]),
+                               xm.T @ residual)
+        main = x @ beta
+        weights = np.asarray(self._weights)
+        return main + weights.T @ (residual - main[index]) / (1.0 + weights.sum(0))
 
     def next(self, exclude: np.ndarray | None = None) -> int | None:
         """The best-ranked config neither measured nor in ``exclude`` (a mask: configs tried
@@ -124,7 +151,7 @@ class GuidedRanking:
         if out.all():
             return None
         score = self.predicted if self._noise is None else self.predicted + self._noise
-        return int(np.argmin(np.where(out, np.inf, score + self._num / self._den)))
+        return int(np.argmin(np.where(out, np.inf, score + self._correction())))
 
     def _adapt_if_due(self) -> None:
         if any(self._adapted_at < k <= len(self.measured) for k in self.adapt_at):
@@ -135,6 +162,14 @@ class GuidedRanking:
         residual = math.log(seconds) - self.predicted[index]
         np.add(self._num, self._weights[k] * residual, out=self._num)
         np.add(self._den, self._weights[k], out=self._den)
+
+
+def _one_hot(codes: np.ndarray) -> np.ndarray:
+    """One column per value of each parameter that takes more than one (1.0 where a config
+    takes it)."""
+    cols = [(codes[:, j][:, None] == np.unique(codes[:, j])[None, :]).astype(np.float64)
+            for j in range(codes.shape[1]) if len(np.unique(codes[:, j])) > 1]
+    return np.hstack(cols) if cols else np.zeros((len(codes), 0))
 
 
 class ModelSampler(BaseSampler):
