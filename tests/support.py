@@ -220,7 +220,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300
 
 
 def guided_correction(codes: Any, predicted: Any, measured: list[tuple[int, float]],
-                      main_from: int, ridge: float) -> Any:
+                      main_from: float, ridge: float) -> Any:
     """``GuidedRanking``'s correction written plainly, summed afresh: from ``main_from``
     measurements on, a ridge fit of the residuals (log measured / predicted) on one indicator
     per parameter value, then the 2^-(parameters that differ) spread of what it leaves against

@@ -1,6 +1,6 @@
 """``GuidedRanking``, the rule of ``sampler: model`` (and of benchmarks/strategies.py's model
-strategy): its kept sums are the sums taken afresh (with main effects of the parameters'
-values from ``MAIN_EFFECTS_FROM`` measurements on), a history told out of order is summed in
+strategy): its kept sums are the sums taken afresh (``next`` adding main effects of the
+parameters' values from ``MAIN_EFFECTS_FROM`` measurements on), a history told out of order is summed in
 its own order, and ``adapt`` re-learns the device on a copy at 4, 8 and 16 measurements.
 (tests/costmodel/test_strategies_bench.py checks the benchmark's picks against the rule
 written plainly, on a real model.)"""
@@ -46,9 +46,10 @@ def _space(n: int = 40, seed: int = 0):
     return samples, codes, times
 
 
-def _afresh(ranking: GuidedRanking) -> np.ndarray:
+def _afresh(ranking: GuidedRanking, main_from: float = MAIN_EFFECTS_FROM) -> np.ndarray:
+    """What ``next`` ranks by, summed afresh; with ``main_from`` inf, ``corrected``."""
     return ranking.predicted + guided_correction(ranking.codes, ranking.predicted,
-                                                 ranking.measured, MAIN_EFFECTS_FROM,
+                                                 ranking.measured, main_from,
                                                  MAIN_EFFECTS_RIDGE)
 
 
@@ -64,7 +65,7 @@ def test_the_kept_sums_are_the_sums_taken_afresh_and_adapt_runs_on_a_copy():
                                            _afresh(ranking))))
         picked.append(i)
         ranking.observe(i, times[i])
-    assert np.allclose(ranking.corrected(), _afresh(ranking), rtol=0, atol=1e-12)
+    assert np.array_equal(ranking.corrected(), _afresh(ranking, math.inf))
     assert ranking.model.adapted == [4, 8, 16] and model.adapted == [] and not model.offsets
 
 
