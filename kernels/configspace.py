@@ -63,7 +63,7 @@ class Estimate:
     seconds: float
 
 
-def member_key(config: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+def _member_key(config: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     """A config as ``ConfigSpace.members`` holds it."""
     return tuple(sorted((str(k), int(v)) for k, v in config.items()))
 
@@ -98,14 +98,14 @@ class ConfigSpace:
         names = sorted({str(k) for c in configs for k in c})
         params = {k: tuple(sorted({int(c[k]) for c in configs})) for k in names}
         return cls(params, {k: int(v) for k, v in configs[0].items()},
-                   members=frozenset(member_key(c) for c in configs))
+                   members=frozenset(_member_key(c) for c in configs))
 
     def check(self, config: Mapping[str, int]) -> str | None:
         """None when ``config`` is legal, else why not (divisibility or knob rules)."""
         for name in self.params:
             if name not in config and name not in ABSENT_MEANS:
                 return f"{name} is not set"
-        if self.members is not None and member_key(config) not in self.members:
+        if self.members is not None and _member_key(config) not in self.members:
             return f"not one of the {len(self.members)} configs the record lists"
         for size, syms in self.constraints:
             if size % math.prod(int(config[s]) for s in syms):

@@ -111,6 +111,13 @@ class Predicted(NamedTuple):
     siblings_measured: int | None
 
 
+def siblings_said(found: int, candidates: int) -> str:
+    """``tuner.samplers.model.siblings_said``: what ranks a never-trained-on device's configs."""
+    from ..samplers.model import siblings_said as said
+
+    return said(found, candidates)
+
+
 def predict_configs(url: str | None, program: str, overrides: Mapping[str, Any] | None,
                     device_key: str | None) -> Predicted:
     """Rank the program's candidate configs on ``device_key`` with its stored model."""

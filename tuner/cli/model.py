@@ -205,11 +205,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if note:
         _say(note)
     if measured is not None:  # as a launch's model sampler says it (docs/costmodel.md)
-        _say(f"{args.device} is a device the cost model never trained on: other devices "
-             f"measured {measured} of the {len(rows)} candidate configs"
-             + ("; the trees alone rank them" if measured == 0 else
-                " (those ranked by their measurements blended with the trees, the rest by "
-                "the trees)"))
+        _say(f"{args.device} is a device the cost model never trained on: {args.program}: "
+             + models.siblings_said(measured, len(rows)))
     candidates = len(rows)
     rows = rows[:args.top]
     if args.json:

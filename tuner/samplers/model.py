@@ -57,12 +57,11 @@ class GuidedRanking:
     From ``MAIN_EFFECTS_FROM`` measurements on, ``next`` first fits main effects of the
     parameters' values to the residuals (a value measured faster than predicted, as a genetic
     algorithm's recombination would carry it, reaches configs far from the measured ones) and
-    spreads only what they leave.  Once the measurements reach a count in
-    ``adapt_at``, the device is re-learned from all of them (``CostModel.adapt``, on this
-    ranking's own copy of the model: the caller's model is left as it was) before the next
-    ranking.  ``tie_break``: a seed for a N(0, 0.01) noise added to
-    the ranking (not to ``corrected``), so that ties fall differently per seed (the
-    benchmark's seeds; a launch adds none).
+    spreads only what they leave.  Once the measurements reach a count in ``adapt_at``, the
+    device is re-learned from all of them (``CostModel.adapt``, on this ranking's own copy of
+    the model: the caller's model is left as it was) before the next ranking.  ``tie_break``:
+    a seed for a N(0, 0.01) noise added to the ranking (not to ``corrected``), so that ties
+    fall differently per seed (the benchmark's seeds; a launch adds none).
 
     The 2^-distance sums are kept from one measurement to the next, added in the order in
     which summing them afresh would add them (so the same numbers), and summed afresh only
@@ -216,11 +215,8 @@ class ModelSampler(BaseSampler):
         if self.log is None or found is None:
             return
         self.log(f"sampler model on {task.device_key} (a device the cost model never trained "
-                 f"on): {task.program} {task.structure_hash[:12]}: other devices measured "
-                 f"{found} of its {len(samples)} candidate configs"
-                 + ("; the trees alone rank them" if found == 0 else
-                    " (those ranked by their measurements blended with the trees, the rest "
-                    "by the trees)"))
+                 f"on): {task.program} {task.structure_hash[:12]}: "
+                 + siblings_said(found, len(samples)))
 
     # -- Optuna's sampler interface ---------------------------------------------------------
 
@@ -250,6 +246,15 @@ class ModelSampler(BaseSampler):
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
 
 
+def siblings_said(found: int, candidates: int) -> str:
+    """How many candidate configs other devices measured, and so what ranks them (the
+    sampler's line per study and ``tuner model predict``'s)."""
+    return (f"other devices measured {found} of its {candidates} candidate configs"
+            + ("; the trees alone rank them" if found == 0 else
+               " (those ranked by their measurements blended with the trees, the rest by the "
+               "trees)"))
+
+
 def study_samples(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[Sample]]:
     """The configs of ``configs`` the lowering accepts, with their samples: lowered µGraph
     configs, or a Kernel Tuner space's parameters (``task.structure`` None), on the device as
@@ -266,11 +271,11 @@ def study_samples(task: Any, configs: Sequence[dict]) -> tuple[list[dict], list[
                                                 profile.spec, group=group,
                                                 program=task.program, device=task.device_key,
                                                 known_device=profile.known) for c in configs]
-    return featurized(task.structure, configs, task.spec, device_key=task.device_key,
+    return _featurized(task.structure, configs, task.spec, device_key=task.device_key,
                       program=task.program, structure_hash=task.structure_hash)
 
 
-def featurized(structure: Any, configs: Sequence[dict], spec: Any, *, device_key: str,
+def _featurized(structure: Any, configs: Sequence[dict], spec: Any, *, device_key: str,
                program: str, structure_hash: str) -> tuple[list[dict], list[Sample]]:
     """The configs of a µGraph ``structure`` the lowering accepts, with their samples named
     as the training rows name them (``group_name``); a config it refuses (``ValueError``:
@@ -297,7 +302,7 @@ def predicted_order(model: CostModel, structure: Any, configs: Sequence[dict], s
     None) for ``tuner model predict``.  ``program`` (its stored name) and ``structure_hash``
     name the configs as the training rows do, so a device the model never trained on is
     ranked by its siblings' measurements of them (``costmodel._siblings``)."""
-    configs, samples = featurized(structure, configs, spec, device_key=device_key,
+    configs, samples = _featurized(structure, configs, spec, device_key=device_key,
                                   program=program, structure_hash=structure_hash)
     pred = model.predict(samples) if samples else np.zeros(0)
     ranked = sorted(zip(configs, (float(p) for p in pred), strict=True), key=lambda x: x[1])
