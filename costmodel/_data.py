@@ -19,7 +19,7 @@ from kernels import OK, DeviceSpec, replay_key
 from search.ir import from_obj
 
 from ._devices import device_profile
-from ._features import Sample, featurize, featurize_params, group_name
+from ._features import Sample, StoredConfigs, featurize, featurize_params, group_name
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,15 @@ def sweep_samples(path: str | Path) -> Iterator[Sample]:
     spec, device = _spec_from(meta["spec"]), meta["device_key"]
     graphs = {(r["program"], r["hash"]): from_obj(r["graph"]) for r in records
               if r["kind"] == "structure"}
+    stored = StoredConfigs()
     for r in records:
         if r["kind"] != "trial" or r["status"] != OK:
             continue
-        s = featurize(graphs[(r["program"], r["structure"])], r["config"], spec,
+        graph = graphs[(r["program"], r["structure"])]
+        s = featurize(graph, r["config"], spec,
                       group=group_name(f"{r['program']}/{r['structure'][:12]}", device),
                       program=r["program"], device=device)
+        s.config = stored.canonical(graph, r["structure"], spec, s.config)
         s.seconds = float(r["median_s"])
         yield s
 

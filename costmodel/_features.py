@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels import DeviceSpec, KernelPlan, Level, estimate, lower
+from kernels import ConfigSpace, DeviceSpec, KernelPlan, Level, config_space, estimate, lower
 from search.ir import MAX_RANK, OPS, KernelGraph
 
 from ._nest import DIV_OPS, EXP_OPS, NEST_DIM, nest_features
@@ -171,6 +171,31 @@ def _levels(plan: KernelPlan) -> dict[tuple[int, int], Level]:
             if name.startswith(("b_t", "p_t")) and name[3:].isdigit():
                 out.setdefault((op, int(name[3:])), b.level)
     return out
+
+
+class StoredConfigs:
+    """The kernel a stored µGraph config built, named as a launch stores it now
+    (``ConfigSpace.canonical``), so that "the same config on two devices" (``_siblings``)
+    is the same kernel: rows measured before a dialect's unread knobs were made canonical (a
+    CUDA C config at each ``stages``, a Triton one at each ``lanes``) matched no canonical
+    candidate of a device the model never trained on (the H100 sweep's lora: 23 of the 61
+    kernels it measured).  Their features stay those of the config as stored: the trees
+    fitted to the canonical ones did worse on the sweep's held-out programs (0.585 -> 0.528
+    on ``sweep_h100_4052033``).  One space per structure and device."""
+
+    def __init__(self) -> None:
+        self._spaces: dict[tuple[str, str], ConfigSpace] = {}
+
+    def canonical(self, structure: KernelGraph, name: str, spec: DeviceSpec,
+                  config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """``config`` of ``structure`` (``name``: its hash) on ``spec``, canonical (a
+        structure without parameters: None, as it was)."""
+        if config is None:
+            return None
+        key = (name, spec.name)  # a device the table lacks: a sibling's row, its own name
+        space = self._spaces.get(key) or self._spaces.setdefault(key,
+                                                                 config_space(structure, spec))
+        return space.canonical(config)
 
 
 def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: DeviceSpec, *,

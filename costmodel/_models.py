@@ -50,6 +50,13 @@ class CostModel(ABC):
         ``LearnedModel.siblings_measured``.  None: the roofline ranks by no measurement."""
         return None
 
+    def sibling_configs(self, program: str, structure: str, device: str) -> list[dict]:
+        """The configs of ``program``'s ``structure`` (a µGraph hash, as ``group_name`` takes
+        it) that devices other than ``device`` measured in the training data, which rank
+        them on a device the model never trained on: a sampler or ``tuner model predict``
+        that samples a large space keeps them among its candidates.  The roofline: none."""
+        return []
+
     @abstractmethod
     def fit(self, samples: Sequence[Sample], *, progress: Callable[[str], None] | None = None,
             seed: int = 0) -> None: ...
@@ -221,6 +228,10 @@ class LearnedModel(CostModel):
         if measured is None or not samples or samples[0].device in self.devices:
             return None
         return int(np.isfinite(measured.ranks(samples)).sum())
+
+    def sibling_configs(self, program: str, structure: str, device: str) -> list[dict]:
+        measured = getattr(self, "measured", None)
+        return [] if measured is None else measured.configs_of(program, structure, device)
 
     def _has_siblings(self, samples: Sequence[Sample]) -> bool:
         measured = getattr(self, "measured", None)

@@ -64,6 +64,14 @@ def _config_key(s: Sample) -> tuple | None:
             tuple(sorted((str(k), str(v)) for k, v in s.config.items())))
 
 
+def _value(text: str) -> int | str:
+    """A config value of ``_config_key`` (kept as text) as the config held it."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def _standard(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / (x.std() + 1e-9)
 
@@ -77,7 +85,7 @@ class MeasuredRanks:
         for i, s in enumerate(samples):
             if _config_key(s) is not None and s.seconds > 0 and math.isfinite(s.seconds):
                 rows[s.group].append(i)
-        self.z: dict[tuple, dict[str, float]] = defaultdict(dict)
+        scores: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         self.keyed_by = "structure_id"  # older stored models: ``_key``
         for idx in rows.values():
             if len(idx) < 2:
@@ -86,8 +94,12 @@ class MeasuredRanks:
             # slow configs would otherwise outweigh its order (tau 0.676 -> 0.688, 0.661 -> 0.668)
             z = norm.ppf((rankdata([samples[i].seconds for i in idx]) - 0.5) / len(idx))
             for i, v in zip(idx, z, strict=True):
-                self.z[self._key(samples[i])][samples[i].device] = float(v)  # type: ignore[index]
-        self.z = dict(self.z)
+                key = self._key(samples[i])
+                scores[key][samples[i].device].append(float(v))  # type: ignore[index]
+        # one kernel measured more than once on a device (a config stored before its dialect's
+        # unread knobs were made canonical: three CUDA C `stages`): the mean of its scores
+        self.z: dict[tuple, dict[str, float]] = {
+            key: {d: float(np.mean(v)) for d, v in seen.items()} for key, seen in scores.items()}
         self.agree = _agreement(self.z)
         self._weights: dict[tuple[str, str], dict[str, float]] = {}
 
@@ -111,6 +123,15 @@ class MeasuredRanks:
         if self.keyed_by == "structure":
             return (key[0], key[1][:16], key[2])
         return (key[0], key[2])
+
+    def configs_of(self, program: str, structure: str, device: str) -> list[dict]:
+        """The configs of ``program``'s ``structure`` (a ``group_structure``) that a training
+        device other than ``device`` measured, as they were stored (a model stored before the
+        structure was part of its key: none)."""
+        if self.keyed_by != "structure_id":
+            return []
+        return [{k: _value(v) for k, v in config} for (p, st, config), seen in self.z.items()
+                if p == program and st == structure and any(d != device for d in seen)]
 
     def typicality(self, program: str, device: str, exclude: str = "") -> float:
         """``device``'s mean correlation with each other training device (but ``exclude``)

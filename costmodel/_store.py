@@ -24,7 +24,14 @@ from search.ir import KernelGraph, from_obj
 from ._data import read_kernel_tuner
 from ._devices import DeviceProfile, device_profile, unknown_devices
 from ._evaluate import cross_validate
-from ._features import FEATURE_VERSION, Sample, featurize, featurize_params, group_name
+from ._features import (
+    FEATURE_VERSION,
+    Sample,
+    StoredConfigs,
+    featurize,
+    featurize_params,
+    group_name,
+)
 from ._kinds import MIN_FIT_ROWS, load_model, make_model
 from ._metrics import evaluate
 from ._models import CostModel
@@ -60,9 +67,11 @@ def import_kernel_tuner(database: db.Database, path: str | Path) -> dict:
 
 
 def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
-    """Features of stored measurements (each structure lowered once per config)."""
+    """Features of stored measurements (each structure lowered once per config; a µGraph
+    config named by its kernel, ``StoredConfigs``)."""
     graphs: dict[str, KernelGraph] = {}
     profiles: dict[str, DeviceProfile] = {}
+    stored = StoredConfigs()
     out = []
     for r in rows:
         p = profiles.get(r.device_key) or profiles.setdefault(r.device_key,
@@ -77,6 +86,7 @@ def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
                 r.structure_hash, from_obj(r.structure))
             s = featurize(graph, r.config, p.spec, group=group, program=r.program,
                           device=r.device_key, known_device=p.known)
+            s.config = stored.canonical(graph, r.structure_hash, p.spec, s.config)
         s.seconds = r.median_s
         out.append(s)
     return out

@@ -199,3 +199,58 @@ def test_predict_ranks_a_ugraph_program_on_a_gpu_never_trained_on_by_its_sibling
                               "--db", url, "--json")
     assert code == 0 and json.loads(out)["siblings_measured"] is None  # trained on: nothing
     assert "other devices measured" not in err
+
+
+
+@pytest.mark.parametrize("program", ["rmsnorm_matmul", "lora"])
+def test_a_new_gpu_s_candidates_keep_every_kernel_its_siblings_measured(program, tmp_path):
+    """On a GPU the model never trained on, the model sampler and `tuner model predict` keep
+    every kernel another device measured among the candidates they rank (those
+    measurements rank them), however large the space they sample (rmsnorm_matmul), and read
+    the measurements as the canonical kernels a launch stores now, whatever knobs the dialect
+    ignores they were stored with (lora).  Before: an H200 ranked by a model trained on the
+    H100 sweep found 0 of the 12 rmsnorm_matmul kernels the H100 measured, 23 of lora's 61."""
+    import re
+
+    import optuna
+
+    from kernels import config_space, get_spec
+    from search import from_obj
+    from tuner.api.models import predict_configs
+    from tuner.pipeline.tune import Codec, StudyTask
+    from tuner.samplers.model import ModelSampler
+
+    url = f"sqlite:///{tmp_path / 'sweep.db'}"
+    h200 = "cuda:NVIDIA H200:sm_90"
+    spec = get_spec(h200)
+    with db.connect(url) as database:
+        costmodel.import_dataset(database, costmodel.read_dataset(SWEEP))
+        costmodel.train(database, kind="gbdt", options={"trees": 40, "leaves": 15})
+        model, _ = costmodel.model_for(database, h200)
+        rows = [r for r in db.training_rows(database) if r.program == program]
+        structure = next(s for p in database.programs() if p.name == program
+                         for s in database.structures(p.program_id))
+    graph = from_obj(structure.structure)
+    space = config_space(graph, spec)
+    stored = [r.config for r in rows if r.structure_hash == structure.structure_hash]
+    measured = {json.dumps(space.canonical(c), sort_keys=True) for c in stored}
+    if program == "lora":  # some were stored before the CUDA C `stages` was canonical
+        assert sum(space.canonical(c) != c for c in stored) >= 20
+    else:  # a sample of 2,048 holds few of them by chance
+        assert len(measured) >= 10 and space.size > 10 * 2048
+    said: list[str] = []
+    task = StudyTask(program, structure.id, structure.structure_hash, graph,
+                     structure.structure, {}, space, h200, spec, "h200")
+    codec = Codec(space.params)
+    sampler = ModelSampler(model, log=said.append)
+    sampler.bind(task, codec, codec.distributions(optuna))
+    ranked = [codec.decode(p) for p in sampler._params]
+    kernels = {json.dumps(c, sort_keys=True) for c in ranked}
+    assert len(kernels) == len(ranked) and all(space.canonical(c) == c for c in ranked)
+    assert measured <= kernels
+    found = int(re.search(r"measured (\d+) of its", said[0]).group(1))
+    assert found == len(measured), said[0]
+    _, top, siblings = predict_configs(url, program, None, h200)
+    assert measured <= {json.dumps(r["config"], sort_keys=True) for r in top
+                        if r["structure"] == structure.structure_hash}
+    assert siblings == len(measured)

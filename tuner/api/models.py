@@ -4,7 +4,6 @@ Errors a user can fix are ``InputError``s; nothing is written before the input i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -143,7 +142,7 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
     from kernels import config_space
     from search import from_obj
 
-    from ..samplers.model import predicted_order
+    from ..samplers.model import candidate_configs, predicted_order
 
     profile = costmodel.device_profile(device_key)  # a device the table lacks: its sibling's
     spec = profile.spec
@@ -166,7 +165,8 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
         else:
             graph = from_obj(obj)
             space = config_space(graph, spec)
-            legal = _candidates(space, PREDICT_CANDIDATES)
+            legal = candidate_configs(space, PREDICT_CANDIDATES, keep=model.sibling_configs(
+                names[s.program_id], s.structure_hash, device_key))
             ranked, found = predicted_order(model, graph, legal, spec, device_key,
                                             program=names[s.program_id],
                                             structure_hash=s.structure_hash)
@@ -178,20 +178,6 @@ def _ranked(database: Any, model: Any, program: str, overrides: Mapping[str, Any
 
 
 PREDICT_CANDIDATES = 4096  # configs a structure's prediction lowers (milliseconds each)
-
-
-def _candidates(space: Any, most: int) -> list[dict]:
-    """The space's distinct kernels (``canonical`` configs, which a launch stores): all of
-    them, or a seeded sample of ``most`` (as the model sampler samples), never the first
-    ``most`` in the space's order, which held only its smallest values of a parameter."""
-    import random
-
-    seen: dict[str, dict] = {}
-    for c in space.configs():
-        canon = space.canonical(c)
-        seen.setdefault(json.dumps(canon, sort_keys=True), canon)
-    legal = list(seen.values())
-    return legal if len(legal) <= most else random.Random(0).sample(legal, most)
 
 
 def _stored_structures(database: Any, program: str, overrides: Mapping[str, Any] | None

@@ -18,9 +18,10 @@ Kernel Tuner's strategies.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -191,14 +192,16 @@ class ModelSampler(BaseSampler):
 
     def bind(self, task: Any, codec: Any, dists: dict[str, BaseDistribution]) -> None:
         """Predict the candidates of ``task.space`` (a ``tuner.pipeline.tune.StudyTask``)."""
-        configs = [c for c in task.space.configs() if task.space.check(c) is None]
-        # a µGraph config is lowered to be featurized (milliseconds each): a sample of a large
-        # space; a Kernel Tuner space's parameters are its features, and every config counts
-        if len(configs) > self.candidates and task.structure is not None:
-            configs = random.Random(self.seed).sample(configs, self.candidates)
+        if task.structure is None:  # a Kernel Tuner space: its parameters are its features
+            configs = [c for c in task.space.configs() if task.space.check(c) is None]
+        else:  # a µGraph config is lowered to be featurized (milliseconds each)
+            configs = candidate_configs(task.space, self.candidates, seed=self.seed,
+                                        keep=self.model.sibling_configs(
+                                            task.program, task.structure_hash,
+                                            task.device_key))
         configs, samples = study_samples(task, configs)
         self._say_siblings(task, samples)
-        self._dists = dict(dists)
+        self._dists, self._space, self._codec = dict(dists), task.space, codec
         self._params = [codec.encode(c) for c in configs]
         self._names = names = sorted(dists)
         self._index = {tuple(p[n] for n in names): i for i, p in enumerate(self._params)}
@@ -231,7 +234,7 @@ class ModelSampler(BaseSampler):
         tried = np.zeros(len(self._params), bool)
         measured: list[tuple[int, float]] = []
         for past in study.get_trials(deepcopy=False):
-            i = self._index.get(tuple(past.params.get(n) for n in self._names))
+            i = self._position(past.params)
             if i is None:
                 continue
             tried[i] = True
@@ -241,9 +244,44 @@ class ModelSampler(BaseSampler):
         best = self._ranking.next(exclude=tried)
         return {} if best is None else dict(self._params[best])
 
+    def _position(self, params: dict[str, Any]) -> int | None:
+        """The candidate a trial's ``params`` measured: the config itself, or its canonical
+        form (a trial enqueued or asked before the candidates were canonical measured that
+        kernel, and the tuner stored it canonical)."""
+        i = self._index.get(tuple(params.get(n) for n in self._names))
+        if i is not None or len(params) != len(self._names):
+            return i
+        canon = self._codec.encode(self._space.canonical(self._codec.decode(params)))
+        return self._index.get(tuple(canon.get(n) for n in self._names))
+
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+
+def candidate_configs(space: Any, most: int, *, seed: int = 0,
+                      keep: Iterable[Mapping[str, Any]] = ()) -> list[dict]:
+    """What the model ranks of a µGraph ``space``: its distinct kernels (``canonical``
+    configs that its check accepts: a launch measures and stores each kernel once), all of
+    them or a seeded sample of ``most`` (never the first ``most`` in the space's order, which
+    held only the smallest values of a parameter), and every kernel of ``keep`` in the space:
+    the configs other devices measured, which their measurements rank on a device the model
+    never trained on (`tuner model predict` of an H200's rmsnorm_matmul from the H100 sweep:
+    a sample of 4,096 of its 34,695 kernels held none of the 12 the H100 measured)."""
+    seen: dict[str, dict] = {}
+    for c in space.configs():
+        if space.check(c) is None:
+            canon = space.canonical(c)
+            seen.setdefault(json.dumps(canon, sort_keys=True), canon)
+    legal = list(seen.values())
+    out = legal if len(legal) <= most else random.Random(seed).sample(legal, most)
+    have = {json.dumps(c, sort_keys=True) for c in out}
+    for c in keep:
+        key = json.dumps(space.canonical(c), sort_keys=True)
+        if key in seen and key not in have:
+            out.append(seen[key])
+            have.add(key)
+    return out
 
 
 def siblings_said(found: int, candidates: int) -> str:
