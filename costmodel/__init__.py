@@ -29,6 +29,7 @@ from ._features import FEATURE_VERSION, Sample, featurize, featurize_params, gro
 from ._kinds import MODEL_KINDS, load_model, make_model
 from ._metrics import TAU_UNDEFINED, evaluate
 from ._models import CostModel
+from ._siblings import affinity
 from ._store import (
     KT_DTYPE,
     KT_STATUS,
@@ -41,6 +42,7 @@ from ._store import (
 
 __all__ = ["FEATURE_VERSION", "FORMAT_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_KINDS",
            "SIZE_BUDGET_BYTES", "SPLITS", "TAU_UNDEFINED", "CacheFormatError", "CostModel",
+           "affinity",
            "Dataset", "DatasetFormatError", "DeviceProfile", "KernelTunerSpace", "Sample", "concat",
            "cross_validate", "default_path", "device_profile", "evaluate", "evaluate_database",
            "export_dataset", "featurize", "featurize_params", "folds", "group_name", "import_dataset",

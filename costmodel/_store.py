@@ -126,15 +126,18 @@ def train(database: db.Database, *, device_key: str | None = None, kind: str = "
     fit_s = time.perf_counter() - start
     metrics = _finite(evaluate([s.group for s in samples], [s.seconds for s in samples],
                                model.predict(samples)))
+    zero_shot = zero_shot_metrics(model, samples)
     devices = sorted({s.device for s in samples})
     trained_on = {"rows": len(samples), "newest_measurement": newest, "devices": devices,
                   "programs": len({s.program for s in samples}), "seconds": round(fit_s, 2)}
     model_id = db.save_model(database, kind=kind, device_key=key,
                              feature_version=FEATURE_VERSION, weights=model.to_bytes(),
                              trained_on=trained_on,
-                             metrics={"train": metrics, "held_out": held_out})
+                             metrics={"train": metrics, "held_out": held_out,
+                                      "zero_shot": zero_shot})
     return {"model_id": model_id, "kind": kind, "device_key": key, "trained": True,
             **trained_on, "train_metrics": metrics, "held_out": held_out,
+            "zero_shot": zero_shot,
             "unknown_devices": unknown_devices(devices)}
 
 
@@ -167,6 +170,31 @@ def held_out_metrics(samples: Sequence[Sample], kind: str, options: dict | None 
             continue
         out[device] = _finite(evaluate([s.group for s in held], [s.seconds for s in held],
                                        model.predict(held)))
+    return out
+
+
+def zero_shot_metrics(model: CostModel, samples: Sequence[Sample]) -> dict[str, dict]:
+    """Per training device, how well the other devices' measurements rank its configs, its
+    own left out: what ranks a device the model never trained on (``_siblings``), measured
+    where it can be, so that ``sampler: auto`` can trust the model on a new device of a
+    vendor runtime whose devices its siblings rank well.  The siblings' order alone (the
+    trees saw the device); only devices with at least 10 configs another device measured."""
+    by_device: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_device.setdefault(s.device, []).append(s)
+    measured = getattr(model, "measured", None)
+    out: dict[str, dict] = {}
+    if measured is None:  # the roofline ranks by no measurement
+        return out
+    for device, rows in by_device.items():
+        z = measured.ranks(rows)  # a device's own scores never rank it
+        kept = [(s, v) for s, v in zip(rows, z, strict=True) if math.isfinite(v)]
+        if len(kept) < 10:
+            continue
+        got = _finite(evaluate([s.group for s, _ in kept], [s.seconds for s, _ in kept],
+                               np.exp([v for _, v in kept])))
+        if "kendall_tau" in got:  # ranks, not times: no MAPE
+            out[device] = {k: v for k, v in got.items() if k != "mape"} | {"configs": len(kept)}
     return out
 
 

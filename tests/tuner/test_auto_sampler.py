@@ -85,3 +85,51 @@ def test_a_launch_retrains_at_its_end_and_no_train_skips_it(tmp_path):
     with db.connect(url) as database:
         (model,) = db.models(database)
     assert model.kind == "gbdt" and model.device_key == KEY and "held_out" in model.metrics
+
+
+def _renamed(tmp_path: Path, space: str, gpu: str, name: str, every: int = 8) -> Path:
+    """Every ``every``-th configuration of a real cache, filed under GPU ``name``."""
+    doc = json.loads(gzip.decompress(shared_cache(space, gpu).read_bytes()))
+    doc["device_name"] = name
+    doc["cache"] = dict(list(doc["cache"].items())[::every])
+    path = tmp_path / f"{space}_{gpu}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return path
+
+
+@pytest.mark.skipif(not shared_cache("convolution", "A100").exists(),
+                    reason="no Kernel Tuner caches")
+def test_auto_on_a_gpu_never_trained_on_ranks_by_its_siblings_where_they_measured(tmp_path):
+    """On a GPU the model never trained on there is no held-out figure; `auto` took TPE
+    there, where the model's siblings' order wins (benchmarks/strategies.py, leave one GPU
+    out).  Now training measures how well the other devices' measurements rank each device
+    it trained on, its own left out (``zero_shot``), and `auto` takes the model on a new
+    device of their vendor runtime where that clears ``AUTO_MIN_TAU`` — per study, TPE where
+    no other device measured a candidate."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    with db.connect(url) as database:
+        for gpu in ("A4000", "A6000"):  # two NVIDIA GPUs that order convolution alike
+            costmodel.import_kernel_tuner(database, _renamed(tmp_path, "convolution", gpu,
+                                                             f"NVIDIA RTX {gpu}"))
+        out = costmodel.train(database, kind="gbdt", options={"trees": 60, "leaves": 15})
+    assert set(out["zero_shot"]) == {"replay:NVIDIA RTX A4000", "replay:NVIDIA RTX A6000"}
+    assert all(m["kendall_tau"] >= AUTO_MIN_TAU for m in out["zero_shot"].values())
+    new = "NVIDIA GeForce RTX 3090"  # no row of the device table, no measurement
+    for space, sampler in (("convolution", "model"), ("dedispersion", "tpe")):
+        job = tmp_path / f"{space}.yaml"
+        job.write_text(f"programs:\n  - kernel_tuner: {_renamed(tmp_path, space, 'A100', new)}"
+                       "\ndevices: [replay]\ntuning: {trials_per_structure: 6, seed: 1}\n")
+        run = run_cli("launch", str(job), "--db", url, "--no-train", timeout=600)
+        log = run.stdout + run.stderr
+        assert run.returncode == 0, log
+        assert f"sampler on replay:{new}: model {out['model_id']} (siblings' zero-shot" in log
+        assert "a device it never trained on, by other devices' measurements" in log
+        # the convolution study's candidates the siblings measured; dedispersion's none
+        assert ("TPE for this study" in log) == (sampler == "tpe"), log
+        assert ("other devices measured 0 of its" in log) == (sampler == "tpe"), log
+    # a device of another vendor runtime: its siblings' figure does not count: TPE
+    with db.connect(url) as database:
+        said_amd: list[str] = []
+        amd = sampler_factory("auto", 0, database, "replay:AMD Radeon RX 7900 XTX",
+                              said_amd.append)
+    assert amd.chosen.startswith("tpe") and not isinstance(amd(), ModelSampler)

@@ -189,6 +189,8 @@ class ModelSampler(BaseSampler):
         self._index: dict[tuple, int] = {}
         self._dists: dict[str, BaseDistribution] = {}
         self._ranking: GuidedRanking | None = None
+        # how many candidates other devices measured (None: the model trained on the device)
+        self.siblings_found: int | None = None
 
     def bind(self, task: Any, codec: Any, dists: dict[str, BaseDistribution]) -> None:
         """Predict the candidates of ``task.space`` (a ``tuner.pipeline.tune.StudyTask``)."""
@@ -214,7 +216,7 @@ class ModelSampler(BaseSampler):
         """One line per study on a device the model never trained on: how many candidates
         its siblings measured (what ranks them; none: the trees alone).  The sampler once
         found none for any config, and nothing said so (docs/costmodel.md)."""
-        found = self.model.siblings_measured(samples)
+        found = self.siblings_found = self.model.siblings_measured(samples)
         if self.log is None or found is None:
             return
         self.log(f"sampler model on {task.device_key} (a device the cost model never trained "
@@ -257,6 +259,51 @@ class ModelSampler(BaseSampler):
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+
+class SiblingsOrTpe(BaseSampler):
+    """``sampler: auto`` on a device the model never trained on, where its siblings have
+    shown they rank the devices it trained on (``tuner.samplers.factory``): per study, the
+    model sampler where other devices measured some of its candidates (their order ranks
+    them), TPE where none did (the trees alone, whose order on a device they never saw has
+    no measured figure).  Decided at ``bind``; every call goes to the one chosen."""
+
+    def __init__(self, model: CostModel, *, seed: int = 0,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.model_sampler = ModelSampler(model, seed=seed, log=log)
+        self.tpe = make_sampler("tpe", seed)
+        self.chosen: BaseSampler = self.tpe
+        self.log = log
+
+    def bind(self, task: Any, codec: Any, dists: dict[str, BaseDistribution]) -> None:
+        self.model_sampler.bind(task, codec, dists)
+        found = self.model_sampler.siblings_found
+        self.chosen = self.model_sampler if found is None or found > 0 else self.tpe
+        if self.chosen is self.tpe and self.log is not None:
+            self.log(f"sampler auto on {task.device_key}: {task.program} "
+                     f"{task.structure_hash[:12]}: TPE for this study")
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial
+                                    ) -> dict[str, BaseDistribution]:
+        return self.chosen.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return self.chosen.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self.chosen.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.chosen.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.chosen.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.chosen.reseed_rng()
 
 
 def candidate_configs(space: Any, most: int, *, seed: int = 0,
