@@ -127,6 +127,18 @@ def test_auto_on_a_gpu_never_trained_on_ranks_by_its_siblings_where_they_measure
         # the convolution study's candidates the siblings measured; dedispersion's none
         assert ("TPE for this study" in log) == (sampler == "tpe"), log
         assert ("other devices measured 0 of its" in log) == (sampler == "tpe"), log
+    # the launch's retrain fits a model on the new GPU's few rows, whose held-out figure
+    # (on fewer than MIN_HELD_OUT configs) is none: the next launch keeps the siblings
+    job = tmp_path / "again.yaml"
+    job.write_text(f"programs:\n  - kernel_tuner: {_renamed(tmp_path, 'convolution', 'A100', new)}"
+                   "\ndevices: [replay]\ntuning: {trials_per_structure: 12, seed: 2}\n")
+    run = run_cli("launch", str(job), "--db", url, timeout=600)
+    assert run.returncode == 0 and f"retrained for replay:{new}" in run.stdout + run.stderr
+    with db.connect(url) as database:
+        own = db.best_model(database, f"replay:{new}")
+        assert own is not None and own.device_key == f"replay:{new}"
+        again = sampler_factory("auto", 0, database, f"replay:{new}", lambda _msg: None)
+    assert again.chosen.startswith(f"model {out['model_id']} (siblings' zero-shot")
     # a device of another vendor runtime: its siblings' figure does not count: TPE
     with db.connect(url) as database:
         said_amd: list[str] = []

@@ -1,10 +1,11 @@
 """A launch's sampler for one device: the registry's kind, with the cost model found for it.
 
-``auto`` (the default) decides per device: the stored model when its held-out Kendall tau on
-that device (``costmodel.train`` measures it on rows it held out) is at least
-``AUTO_MIN_TAU``; on a device it never trained on, the model where other devices' measurements
-ranked the devices it trained on at least that well (``zero_shot_tau``; per study, TPE where
-no other device measured a candidate: ``SiblingsOrTpe``); TPE otherwise; ``model`` uses the stored model whatever its record.  Either
+``auto`` (the default) decides per device (``_auto``): of the device's own model and the model
+of every device, the one with the better figure there, when it is at least ``AUTO_MIN_TAU``:
+its held-out Kendall tau on the device (``costmodel.train`` measures it on rows it held out;
+on at least ``MIN_HELD_OUT`` configs), or, on a device it never trained on, how well other
+devices' measurements ranked the devices it trained on (``zero_shot_tau``; per study, TPE
+where no other device measured a candidate: ``SiblingsOrTpe``); TPE otherwise; ``model`` uses the stored model whatever its record.  Either
 way the choice is said in the log and kept on the factory (``chosen``) for the summary.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .registry import AUTO_MIN_TAU, SAMPLERS, make_sampler
+from .registry import AUTO_MIN_TAU, MIN_HELD_OUT, SAMPLERS, make_sampler
 
 if TYPE_CHECKING:
     import db
@@ -32,9 +33,13 @@ class SamplerFactory:
 
 
 def held_out_tau(record: Any, device_key: str) -> float | None:
-    """The stored model's held-out Kendall tau on ``device_key`` (None: never measured)."""
-    tau = (record.metrics.get("held_out") or {}).get(device_key, {}).get("kendall_tau")
-    return None if tau is None else float(tau)
+    """The stored model's held-out Kendall tau on ``device_key`` (None: never measured, or
+    measured on fewer than ``MIN_HELD_OUT`` configs)."""
+    figure = (record.metrics.get("held_out") or {}).get(device_key, {})
+    tau = figure.get("kendall_tau")
+    if tau is None or figure.get("n", MIN_HELD_OUT) < MIN_HELD_OUT:
+        return None
+    return float(tau)
 
 
 def zero_shot_tau(record: Any, device_key: str) -> float | None:
@@ -61,7 +66,7 @@ def sampler_factory(name: str, seed: int | None, database: db.Database, device_k
         return SamplerFactory(lambda: make_sampler(name, seed), name)
     from costmodel import device_profile, model_for
 
-    from .model import ModelSampler, SiblingsOrTpe
+    from .model import ModelSampler
 
     note = device_profile(device_key).note
     if note:
@@ -73,33 +78,67 @@ def sampler_factory(name: str, seed: int | None, database: db.Database, device_k
         log(why)
         return SamplerFactory(lambda: make_sampler(name, seed), f"tpe (no cost model for "
                               f"{device_key})")
-    model, record = found
-    what = (f"cost model {record.id} ({record.kind}, trained on "
-            f"{record.trained_on.get('rows', '?')} measurements)")
     if kind.auto:
-        tau = held_out_tau(record, device_key)
-        zero = None if device_key in record.trained_on.get("devices", ()) else \
-            zero_shot_tau(record, device_key)
-        if tau is None and zero is not None and zero >= AUTO_MIN_TAU:
-            log(f"sampler auto: {what} ranks each space on {device_key}, a device it never "
-                f"trained on, by other devices' measurements of the same configs (their "
-                f"order ranked the devices it trained on at tau {zero:.2f} >= {AUTO_MIN_TAU}, "
-                "each left out); a study whose candidates no other device measured gets TPE")
-            return SamplerFactory(lambda: SiblingsOrTpe(model, seed=seed or 0, log=log),
-                                  f"model {record.id} (siblings' zero-shot tau {zero:.2f}; TPE for "
-                                  "a study they measured none of)")
-        if tau is None or tau < AUTO_MIN_TAU:
-            figure = "no held-out figure on this device" if tau is None else \
-                f"held-out tau {tau:.2f} < {AUTO_MIN_TAU}"
-            if tau is None and zero is not None:
-                figure += (f", and other devices' measurements ranked the devices it trained "
-                           f"on at tau {zero:.2f} < {AUTO_MIN_TAU}")
-            log(f"sampler auto: TPE on {device_key}: {what} has {figure}")
-            return SamplerFactory(lambda: make_sampler(name, seed), f"tpe ({figure})")
-        log(f"sampler auto: {what} ranks each space on {device_key} (held-out tau {tau:.2f} "
-            f">= {AUTO_MIN_TAU})")
-        return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0, log=log),
-                              f"model {record.id} (held-out tau {tau:.2f})")
+        return _auto(database, device_key, seed, log)
+    model, record = found
+    what = _what(record)
     log(f"sampler model: {what} ranks each space")
     return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0, log=log),
                           f"model {record.id}")
+
+
+def _what(record: Any) -> str:
+    return (f"cost model {record.id} ({record.kind}, trained on "
+            f"{record.trained_on.get('rows', '?')} measurements)")
+
+
+def _auto(database: db.Database, device_key: str, seed: int | None,
+          log: Callable[[str], None]) -> SamplerFactory:
+    """``auto``: of the device's own newest model and the newest model of every device, the
+    one with the better figure on ``device_key`` — its held-out tau there, or, where it never
+    trained on the device, its siblings' zero-shot tau (``SiblingsOrTpe``) — if that clears
+    ``AUTO_MIN_TAU``; TPE otherwise.  The device's own model alone would end the siblings'
+    part after one launch: the retrain at its end fits a model on the device's few rows,
+    whose held-out figure (4 configs after a 20-trial launch) said nothing."""
+    import db
+    from costmodel import model_for
+
+    from .model import ModelSampler, SiblingsOrTpe
+
+    options: dict[int, tuple] = {}
+    said: list[str] = []
+    for key in (device_key, db.ALL_DEVICES):
+        found = model_for(database, key)
+        if found is None or found[1].id in options:
+            continue
+        model, record = found
+        trained = device_key in record.trained_on.get("devices", ())
+        tau = held_out_tau(record, device_key) if trained else zero_shot_tau(record, device_key)
+        options[record.id] = (tau, trained, model, record)
+        said.append(f"{_what(record)} has " + (
+            ("no held-out figure on this device" if tau is None else f"held-out tau {tau:.2f}")
+            if trained else
+            ("no held-out figure on this device" if tau is None else
+             f"no held-out figure on this device, and other devices' measurements ranked the "
+             f"devices it trained on at tau {tau:.2f}")))
+    figured = [o for o in options.values() if o[0] is not None]
+    best = max(figured, key=lambda o: o[0]) if figured else None
+    if best is None or best[0] < AUTO_MIN_TAU:
+        why = "; ".join(said)
+        log(f"sampler auto: TPE on {device_key}: {why} (trusted from {AUTO_MIN_TAU})")
+        short = said[0].split(" has ", 1)[1] if len(said) == 1 else "no figure >= " \
+            f"{AUTO_MIN_TAU}"
+        return SamplerFactory(lambda: make_sampler("auto", seed), f"tpe ({short})")
+    tau, trained, model, record = best
+    if trained:
+        log(f"sampler auto: {_what(record)} ranks each space on {device_key} (held-out tau "
+            f"{tau:.2f} >= {AUTO_MIN_TAU})")
+        return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0, log=log),
+                              f"model {record.id} (held-out tau {tau:.2f})")
+    log(f"sampler auto: {_what(record)} ranks each space on {device_key}, a device it never "
+        f"trained on, by other devices' measurements of the same configs (their order ranked "
+        f"the devices it trained on at tau {tau:.2f} >= {AUTO_MIN_TAU}, each left out); a "
+        "study whose candidates no other device measured gets TPE")
+    return SamplerFactory(lambda: SiblingsOrTpe(model, seed=seed or 0, log=log),
+                          f"model {record.id} (siblings' zero-shot tau {tau:.2f}; TPE for a "
+                          "study they measured none of)")

@@ -43,6 +43,9 @@ SAMPLERS: dict[str, SamplerKind] = {k.name: k for k in (
     SamplerKind("auto", "the cost model where it has proven itself on the device, TPE "
                 "otherwise (the default)", "TPESampler", model=True, auto=True),
 )}
+# a held-out tau measured on fewer configs is not trusted (its standard error is over 0.25:
+# 0.41 on the 4 a 20-trial launch's retrain holds out)
+MIN_HELD_OUT = 10
 DEFAULT_SAMPLER = "auto"
 # a model ranks a device well enough to tune with when its held-out tau there is at least
 # this: 3 of 4 pairs of configs in the right order (benchmarks/strategies.py: model-guided
