@@ -55,6 +55,11 @@ def test_train_store_reload_and_predict(capsys, two_gpus):
     assert code == 0
     trained = json.loads(out)
     assert trained["trained"] and trained["rows"] == 96 and trained["device_key"] == "*"
+    # each GPU ranked by the other's measurements alone (what `sampler: auto` trusts on a
+    # GPU the model never trained on): the two share their shape
+    zero = trained["zero_shot"]
+    assert set(zero) == {"replay:NVIDIA A100-PCIE-40GB", "replay:NVIDIA RTX A4000"}
+    assert all(z["kendall_tau"] > 0.9 and z["configs"] >= 48 for z in zero.values())
     # nothing new measured: nothing to train; gbdt is also what a plain `model train` trains
     code, out, _ = run_main(capsys, "model", "train", "--db", url, "--json")
     assert code == 0 and json.loads(out)["trained"] is False
@@ -72,6 +77,10 @@ def test_train_store_reload_and_predict(capsys, two_gpus):
     assert code == 0
     top = json.loads(out)["top"]
     assert len(top) == 3 and top[0]["config"] == {"a": 8, "b": 1}
+    # `model train` prints the figures of each GPU ranked by the other's measurements
+    code, out, _ = run_main(capsys, "model", "train", "--force", "--db", url)
+    assert code == 0 and ("other devices' measurements alone (a new GPU's order): "
+                          "replay:NVIDIA RTX A4000: tau ") in out
 
 
 def test_eval_prints_the_documented_object(capsys, two_gpus):

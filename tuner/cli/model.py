@@ -151,6 +151,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         for device, h in out.get("held_out", {}).items():
             print(f"  held out 20% on {device}: tau {_tau(h)}, "
                   f"MAPE {h.get('mape', float('nan')):.3f} ({h['n']} rows)")
+        for device, z in out.get("zero_shot", {}).items():
+            print(f"  ranked by the other devices' measurements alone (a new GPU's order): "
+                  f"{device}: tau {_tau(z)} ({z['configs']} configs)")
     return 0
 
 
