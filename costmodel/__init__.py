@@ -42,8 +42,8 @@ from ._store import (
 
 __all__ = ["FEATURE_VERSION", "FORMAT_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_KINDS",
            "SIZE_BUDGET_BYTES", "SPLITS", "TAU_UNDEFINED", "CacheFormatError", "CostModel",
-           "affinity",
-           "Dataset", "DatasetFormatError", "DeviceProfile", "KernelTunerSpace", "Sample", "concat",
+           "Dataset", "DatasetFormatError", "DeviceProfile", "KernelTunerSpace", "Sample",
+           "affinity", "concat",
            "cross_validate", "default_path", "device_profile", "evaluate", "evaluate_database",
            "export_dataset", "featurize", "featurize_params", "folds", "group_name", "import_dataset",
            "import_kernel_tuner", "kernel_tuner_samples", "load_model", "make_model",

@@ -5,8 +5,9 @@ of every device, the one with the better figure there, when it is at least ``AUT
 its held-out Kendall tau on the device (``costmodel.train`` measures it on rows it held out;
 on at least ``MIN_HELD_OUT`` configs), or, on a device it never trained on, how well other
 devices' measurements ranked the devices it trained on (``zero_shot_tau``; per study, TPE
-where no other device measured a candidate: ``SiblingsOrTpe``); TPE otherwise; ``model`` uses the stored model whatever its record.  Either
-way the choice is said in the log and kept on the factory (``chosen``) for the summary.
+where no other device measured a candidate: ``SiblingsOrTpe``); TPE otherwise.  ``model``
+uses the stored model whatever its record.  Either way the choice is said in the log and
+kept on the factory (``chosen``) for the summary.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def sampler_factory(name: str, seed: int | None, database: db.Database, device_k
         return SamplerFactory(lambda: make_sampler(name, seed), f"tpe (no cost model for "
                               f"{device_key})")
     if kind.auto:
-        return _auto(database, device_key, seed, log)
+        return _auto(database, device_key, seed, log, found)
     model, record = found
     what = _what(record)
     log(f"sampler model: {what} ranks each space")
@@ -93,13 +94,14 @@ def _what(record: Any) -> str:
 
 
 def _auto(database: db.Database, device_key: str, seed: int | None,
-          log: Callable[[str], None]) -> SamplerFactory:
+          log: Callable[[str], None], own: tuple) -> SamplerFactory:
     """``auto``: of the device's own newest model and the newest model of every device, the
     one with the better figure on ``device_key`` — its held-out tau there, or, where it never
     trained on the device, its siblings' zero-shot tau (``SiblingsOrTpe``) — if that clears
     ``AUTO_MIN_TAU``; TPE otherwise.  The device's own model alone would end the siblings'
     part after one launch: the retrain at its end fits a model on the device's few rows,
-    whose held-out figure (4 configs after a 20-trial launch) said nothing."""
+    whose held-out figure (4 configs after a 20-trial launch) said nothing.  ``own``: what
+    ``model_for`` found for the device."""
     import db
     from costmodel import model_for
 
@@ -107,8 +109,7 @@ def _auto(database: db.Database, device_key: str, seed: int | None,
 
     options: dict[int, tuple] = {}
     said: list[str] = []
-    for key in (device_key, db.ALL_DEVICES):
-        found = model_for(database, key)
+    for found in (own, model_for(database, db.ALL_DEVICES)):
         if found is None or found[1].id in options:
             continue
         model, record = found
@@ -125,7 +126,8 @@ def _auto(database: db.Database, device_key: str, seed: int | None,
     best = max(figured, key=lambda o: o[0]) if figured else None
     if best is None or best[0] < AUTO_MIN_TAU:
         why = "; ".join(said)
-        log(f"sampler auto: TPE on {device_key}: {why} (trusted from {AUTO_MIN_TAU})")
+        log(f"sampler auto: TPE on {device_key}: {why} (a model is used from tau "
+            f"{AUTO_MIN_TAU})")
         short = said[0].split(" has ", 1)[1] if len(said) == 1 else "no figure >= " \
             f"{AUTO_MIN_TAU}"
         return SamplerFactory(lambda: make_sampler("auto", seed), f"tpe ({short})")
