@@ -3,7 +3,8 @@
 # caches (convolution, dedispersion x 6 GPUs), import the other five GPUs' caches, `tuner model
 # train` (defaults), then replay-launch the held-out GPU with the default sampler (`auto`, seed
 # 1) and with TPE (seeds 1-3), 20 trials each; prints the best found against the GPU's optimum.
-# Usage: benchmarks/new_gpu_launch.sh [OUTDIR] [CACHES]   (about 40 min on 2 cores)
+# Usage: benchmarks/new_gpu_launch.sh [OUTDIR] [CACHES]   (about 40 min on 2 cores; SPACES=...
+# and HELDOUT=... run some rows only)
 set -euo pipefail
 OUT=${1:-/tmp/new_gpu_launch}
 CACHES=${2:-$(cd "$(dirname "$0")/../.." && pwd)/shared/data/kernel_tuner_caches}
@@ -11,8 +12,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 GPUS="A100 A4000 A6000 MI250X W6600 W7800"
 cd "$ROOT"
-for S in convolution dedispersion; do
-  for H in $GPUS; do
+for S in ${SPACES:-convolution dedispersion}; do
+  for H in ${HELDOUT:-$GPUS}; do
     W=$OUT/${S}_$H; rm -rf "$W"; mkdir -p "$W"
     for g in $GPUS; do
       [ "$g" = "$H" ] || $PY -m tuner.cli import kernel-tuner --db "sqlite:///$W/t.db" \
@@ -39,6 +40,8 @@ for space in ("convolution", "dedispersion"):
         doc = json.loads(gzip.decompress((caches / space / f"{gpu}.json.gz").read_bytes()))
         best = min(v["time"] for v in doc["cache"].values()
                    if isinstance(v.get("time"), (int, float))) / 1e3
+        if not (out / f"{space}_{gpu}").is_dir():
+            continue
         got = {}
         for run in ("auto_1", "tpe_1", "tpe_2", "tpe_3"):
             p = json.loads((out / f"{space}_{gpu}" / f"out_{run}.json").read_text())["programs"][0]
