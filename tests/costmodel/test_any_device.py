@@ -209,7 +209,8 @@ def test_a_new_gpu_s_candidates_keep_every_kernel_its_siblings_measured(program,
     measurements rank them), however large the space they sample (rmsnorm_matmul), and read
     the measurements as the canonical kernels a launch stores now, whatever knobs the dialect
     ignores they were stored with (lora).  Before: an H200 ranked by a model trained on the
-    H100 sweep found 0 of the 12 rmsnorm_matmul kernels the H100 measured, 23 of lora's 61."""
+    H100 sweep found 0 of the 12 rmsnorm_matmul kernels the H100 measured, 23 of lora's 61.
+    The sampler counts a trial of a kernel under another name as that kernel measured."""
     import re
 
     import optuna
@@ -250,6 +251,17 @@ def test_a_new_gpu_s_candidates_keep_every_kernel_its_siblings_measured(program,
     assert measured <= kernels
     found = int(re.search(r"measured (\d+) of its", said[0]).group(1))
     assert found == len(measured), said[0]
+    # a trial that measured a kernel under another name (a warm-start config with a knob the
+    # dialect ignores; the tuner stores it canonical) counts as that candidate measured
+    study = optuna.create_study()
+    first = sampler.sample_relative(study, None, codec.distributions(optuna))
+    config = codec.decode(first)
+    knob = "stages" if not config.get("triton") else "smem_kb"
+    twin = {**config, knob: next(v for v in space.params[knob] if v != config[knob])}
+    assert space.canonical(twin) == config != twin
+    study.add_trial(optuna.trial.create_trial(params=codec.encode(twin), value=1e-3,
+                                              distributions=codec.distributions(optuna)))
+    assert sampler.sample_relative(study, None, codec.distributions(optuna)) != first
     _, top, siblings = predict_configs(url, program, None, h200)
     assert measured <= {json.dumps(r["config"], sort_keys=True) for r in top
                         if r["structure"] == structure.structure_hash}
