@@ -116,12 +116,14 @@ def _auto(database: db.Database, device_key: str, seed: int | None,
         trained = device_key in record.trained_on.get("devices", ())
         tau = held_out_tau(record, device_key) if trained else zero_shot_tau(record, device_key)
         options[record.id] = (tau, trained, model, record)
-        said.append(f"{_what(record)} has " + (
-            ("no held-out figure on this device" if tau is None else f"held-out tau {tau:.2f}")
-            if trained else
-            ("no held-out figure on this device" if tau is None else
-             f"no held-out figure on this device, and other devices' measurements ranked the "
-             f"devices it trained on at tau {tau:.2f}")))
+        if tau is None:
+            figure = "no held-out figure on this device"
+        elif trained:
+            figure = f"held-out tau {tau:.2f}"
+        else:
+            figure = (f"no held-out figure on this device, and other devices' measurements "
+                      f"ranked the devices it trained on at tau {tau:.2f}")
+        said.append(f"{_what(record)} has {figure}")
     figured = [o for o in options.values() if o[0] is not None]
     best = max(figured, key=lambda o: o[0]) if figured else None
     if best is None or best[0] < AUTO_MIN_TAU:
@@ -130,7 +132,7 @@ def _auto(database: db.Database, device_key: str, seed: int | None,
             f"{AUTO_MIN_TAU})")
         short = said[0].split(" has ", 1)[1] if len(said) == 1 else "no figure >= " \
             f"{AUTO_MIN_TAU}"
-        return SamplerFactory(lambda: make_sampler("auto", seed), f"tpe ({short})")
+        return SamplerFactory(lambda: make_sampler("tpe", seed), f"tpe ({short})")
     tau, trained, model, record = best
     if trained:
         log(f"sampler auto: {_what(record)} ranks each space on {device_key} (held-out tau "
