@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from costmodel import (  # noqa: E402
     concat,
     device_profile,
+    expected_random_best,
     featurize_params,
     group_name,
     kernel_tuner_samples,
@@ -99,24 +100,6 @@ class Space:
         if len(best) < budget:
             best = np.concatenate([best, np.full(budget - len(best), best[-1])])
         return best
-
-
-def expected_random_best(times: np.ndarray, budget: int) -> np.ndarray:
-    """E[min of t draws without replacement], t = 1..budget (exact order statistics)."""
-    x = np.sort(times)
-    n = len(x)
-    out = np.empty(budget)
-    for t in range(1, budget + 1):
-        # P(the minimum is the i-th smallest) = C(n-i, t-1) / C(n, t), i = 1..n-t+1
-        i = np.arange(1, n - t + 2)
-        logp = (_lgamma(n - i + 1) - _lgamma(t) - _lgamma(n - i - t + 2)
-                - (_lgamma(n + 1) - _lgamma(t + 1) - _lgamma(n - t + 1)))
-        out[t - 1] = float(np.sum(np.exp(logp) * x[: n - t + 1]))
-    return out
-
-
-def _lgamma(v) -> np.ndarray:
-    return np.vectorize(math.lgamma)(np.asarray(v, np.float64))
 
 
 # ---------------------------------------------------------------- strategies

@@ -27,7 +27,7 @@ from ._devices import DeviceProfile, device_profile, spec_for_key, unknown_devic
 from ._evaluate import SPLITS, cross_validate, folds
 from ._features import FEATURE_VERSION, Sample, featurize, featurize_params, group_name
 from ._kinds import MODEL_KINDS, load_model, make_model
-from ._metrics import TAU_UNDEFINED, evaluate
+from ._metrics import TAU_UNDEFINED, evaluate, expected_random_best
 from ._models import CostModel
 from ._siblings import affinity
 from ._store import (
@@ -45,7 +45,7 @@ __all__ = ["FEATURE_VERSION", "FORMAT_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_
            "Dataset", "DatasetFormatError", "DeviceProfile", "KernelTunerSpace", "Sample",
            "affinity", "concat",
            "cross_validate", "default_path", "device_profile", "evaluate", "evaluate_database",
-           "export_dataset", "featurize", "featurize_params", "folds", "group_name", "import_dataset",
+           "expected_random_best", "export_dataset", "featurize", "featurize_params", "folds", "group_name", "import_dataset",
            "import_kernel_tuner", "kernel_tuner_samples", "load_model", "make_model",
            "model_for", "read_dataset", "read_kernel_tuner", "samples_from_rows",
            "spec_for_key", "sweep_samples", "train", "unknown_devices"]

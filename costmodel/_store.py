@@ -33,7 +33,7 @@ from ._features import (
     group_name,
 )
 from ._kinds import MIN_FIT_ROWS, load_model, make_model
-from ._metrics import evaluate
+from ._metrics import evaluate, first_k
 from ._models import CostModel
 
 KT_DTYPE = "kernel_tuner"  # the dtype column of an imported Kernel Tuner space
@@ -142,6 +142,7 @@ def train(database: db.Database, *, device_key: str | None = None, kind: str = "
 
 
 HELD_OUT = 0.2  # of each device's rows, held out to measure the model ``sampler: auto`` trusts
+ZERO_SHOT_FIRST = 10  # the top of the siblings' order ``zero_shot_metrics`` scores: a launch's budget
 
 
 def held_out_metrics(samples: Sequence[Sample], kind: str, options: dict | None = None, *,
@@ -178,7 +179,10 @@ def zero_shot_metrics(model: CostModel, samples: Sequence[Sample]) -> dict[str, 
     own left out: what ranks a device the model never trained on (``_siblings``), measured
     where it can be, so that ``sampler: auto`` can trust the model on a new device of a
     vendor runtime whose devices its siblings rank well.  The siblings' order alone (the
-    trees saw the device); only devices with at least 10 configs another device measured."""
+    trees saw the device); only devices with at least 10 configs another device measured.
+    ``first``: where a space has more than ``ZERO_SHOT_FIRST`` configs, how near the optimum
+    the order's first ones come against as many random draws (``first_k``) — the top of the
+    order, which a tuner measures, where tau weighs the whole space."""
     by_device: dict[str, list[Sample]] = {}
     for s in samples:
         by_device.setdefault(s.device, []).append(s)
@@ -191,10 +195,13 @@ def zero_shot_metrics(model: CostModel, samples: Sequence[Sample]) -> dict[str, 
         kept = [(s, v) for s, v in zip(rows, z, strict=True) if math.isfinite(v)]
         if len(kept) < 10:
             continue
-        got = _finite(evaluate([s.group for s, _ in kept], [s.seconds for s, _ in kept],
-                               np.exp([v for _, v in kept])))
+        groups, times = [s.group for s, _ in kept], [s.seconds for s, _ in kept]
+        order = np.asarray([v for _, v in kept])
+        got = _finite(evaluate(groups, times, np.exp(order)))
         if "kendall_tau" in got:  # ranks, not times: no MAPE
-            out[device] = {k: v for k, v in got.items() if k != "mape"} | {"configs": len(kept)}
+            first = first_k(groups, times, order, ZERO_SHOT_FIRST)
+            out[device] = {k: v for k, v in got.items() if k != "mape"} | {
+                "configs": len(kept)} | ({"first": first} if first else {})
     return out
 
 

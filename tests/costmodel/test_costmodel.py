@@ -14,6 +14,7 @@ from support import kernel_tuner_cache, mha_structure
 from costmodel import (
     CacheFormatError,
     evaluate,
+    expected_random_best,
     featurize,
     featurize_params,
     kernel_tuner_samples,
@@ -146,3 +147,18 @@ def test_a_model_stored_before_the_learned_kinds_moved_still_loads():
                            b"costmodel._models")
         assert old != blob
         assert load_model(old).kind == kind
+
+
+def test_first_k_scores_the_top_of_an_order_against_random_draws():
+    """The figure `sampler: auto` reads on a new GPU: the best of an order's first k configs
+    against the exact mean best of k random draws (without replacement)."""
+    from costmodel._metrics import first_k
+
+    # the best of 2 draws of {1, 2, 3, 4}: 1 in 3 of the 6 pairs, 2 in 2, 3 in 1
+    assert expected_random_best([4.0, 1.0, 3.0, 2.0], 2)[-1] == pytest.approx(10 / 6)
+    times = [1.0, 2.0, 3.0, 4.0, 5.0]
+    got = first_k(["g"] * 5, times, [5.0, 4.0, 3.0, 2.0, 1.0], k=2)  # the order reversed
+    assert got["first_slowdown"] == pytest.approx(3.0)  # 4 and 5 first: 4 / 1 - 1
+    assert got["random_slowdown"] == pytest.approx(expected_random_best(times, 2)[-1] - 1)
+    assert first_k(["g"] * 5, times, times, k=2)["first_slowdown"] == 0.0
+    assert first_k(["g"] * 2, times[:2], times[:2], k=2) == {}  # every config fits in k

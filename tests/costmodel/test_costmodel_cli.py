@@ -81,6 +81,13 @@ def test_train_store_reload_and_predict(capsys, two_gpus):
     code, out, _ = run_main(capsys, "model", "train", "--force", "--db", url)
     assert code == 0 and ("other devices' measurements alone (a new GPU's order): "
                           "replay:NVIDIA RTX A4000: tau ") in out
+    # `model list` shows each model's figures, the ones `sampler: auto` weighs
+    code, out, _ = run_main(capsys, "model", "list", "--db", url, "--json")
+    (first,) = [m for m in json.loads(out) if m["id"] == trained["model_id"]]
+    assert code == 0 and first["zero_shot"] == zero and set(first["held_out"]) <= set(zero)
+    code, out, _ = run_main(capsys, "model", "list", "--db", url)
+    lo, hi = sorted(z["kendall_tau"] for z in zero.values())
+    assert code == 0 and f"siblings' zero-shot tau {lo:.2f}-{hi:.2f} on 2 devices" in out
 
 
 def test_eval_prints_the_documented_object(capsys, two_gpus):

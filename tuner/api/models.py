@@ -200,10 +200,14 @@ def _stored_structures(database: Any, program: str, overrides: Mapping[str, Any]
 
 
 def list_models(url: str | None) -> list[dict]:
-    """The stored models (without their weights), newest last."""
+    """The stored models (without their weights), newest first, each with the figures
+    ``sampler: auto`` weighs: per device, its held-out Kendall tau there and how well the
+    other devices' measurements ranked it (``zero_shot``)."""
     import db
 
     with db.connect(url, migrate_schema=False) as database:
         found = db.models(database, with_weights=False)
     return [{"id": m.id, "kind": m.kind, "device_key": m.device_key, "created_at":
-             m.created_at.isoformat(), **m.trained_on} for m in found]
+             m.created_at.isoformat(), **m.trained_on,
+             "held_out": m.metrics.get("held_out") or {},
+             "zero_shot": m.metrics.get("zero_shot") or {}} for m in found]

@@ -233,5 +233,19 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no models: `tuner model train` makes one")
     for r in rows:
         print(f"{r['id']:>4}  {r['kind']:<10} {r['device_key']:<40} {r.get('rows', '?'):>7} rows  "
-              f"{r['created_at'][:19]}")
+              f"{r['created_at'][:19]}  {_figures(r)}")
     return 0
+
+
+def _figures(row: dict) -> str:
+    """A stored model's figures on one line: its held-out tau, and the other devices'
+    measurements' zero-shot tau, each over the devices it trained on."""
+    out = []
+    for name, key in (("held-out tau", "held_out"), ("siblings' zero-shot tau", "zero_shot")):
+        taus = sorted(m["kendall_tau"] for m in row.get(key, {}).values()
+                      if m.get("kendall_tau") is not None)
+        if len(taus) == 1:
+            out.append(f"{name} {taus[0]:.2f}")
+        elif taus:
+            out.append(f"{name} {taus[0]:.2f}-{taus[-1]:.2f} on {len(taus)} devices")
+    return "; ".join(out) or "no held-out figure"

@@ -1,17 +1,22 @@
 """A launch's sampler for one device: the registry's kind, with the cost model found for it.
 
 ``auto`` (the default) decides per device (``_auto``): of the device's own model and the model
-of every device, the one with the better figure there, when it is at least ``AUTO_MIN_TAU``:
-its held-out Kendall tau on the device (``costmodel.train`` measures it on rows it held out;
-on at least ``MIN_HELD_OUT`` configs), or, on a device it never trained on, how well other
-devices' measurements ranked the devices it trained on (``zero_shot_tau``; per study, TPE
-where no other device measured a candidate: ``SiblingsOrTpe``); TPE otherwise.  ``model``
-uses the stored model whatever its record.  Either way the choice is said in the log and
-kept on the factory (``chosen``) for the summary.
+of every device, the one with the better figure there, when it clears the bar: its held-out
+Kendall tau on the device at least ``AUTO_MIN_TAU`` (``costmodel.train`` measures it on rows
+it held out; on at least ``MIN_HELD_OUT`` configs), or, on a device it never trained on, how
+other devices' measurements ranked the devices it trained on (per study, TPE where no other
+device measured a candidate: ``SiblingsOrTpe``): a tau at least ``AUTO_MIN_TAU``
+(``zero_shot_tau``), or the first configs of their order nearer the optimum than as many
+random draws (``zero_shot_first``: the top of the order is what a tuner measures; tau weighs
+the whole space); TPE otherwise.  ``model``
+weighs the same two models the same way but uses the better one whatever its figure (the
+device's own where neither has one), TPE only where no model is stored.  Either way the
+choice is said in the log and kept on the factory (``chosen``) for the summary.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,20 +48,43 @@ def held_out_tau(record: Any, device_key: str) -> float | None:
     return float(tau)
 
 
-def zero_shot_tau(record: Any, device_key: str) -> float | None:
-    """On a device the stored model never trained on: how well other devices' measurements
-    ranked the devices it did train on, each left out (``costmodel.train``'s ``zero_shot``),
-    as the mean over those of ``device_key``'s vendor runtime weighted by their affinity
-    (the same architecture counts most).  None: no such figure."""
+def _kin_mean(record: Any, device_key: str, value: Callable[[dict], float | None]
+              ) -> float | None:
+    """The affinity-weighted mean of ``value`` of the stored model's zero-shot figures on
+    the devices of ``device_key``'s vendor runtime (the same architecture counts most)."""
     from costmodel import affinity
 
     figures = record.metrics.get("zero_shot") or {}
-    kin = [(affinity(device_key, d), float(m["kendall_tau"])) for d, m in figures.items()
-           if d != device_key]
-    kin = [(w, tau) for w, tau in kin if w > 0]
+    kin = [(affinity(device_key, d), value(m)) for d, m in figures.items() if d != device_key]
+    kin = [(w, v) for w, v in kin if w > 0 and v is not None]
     if not kin:
         return None
-    return sum(w * tau for w, tau in kin) / sum(w for w, _ in kin)
+    return sum(w * v for w, v in kin) / sum(w for w, _ in kin)
+
+
+def zero_shot_tau(record: Any, device_key: str) -> float | None:
+    """On a device the stored model never trained on: how well other devices' measurements
+    ranked the devices it did train on, each left out (``costmodel.train``'s ``zero_shot``),
+    as the mean over those of ``device_key``'s vendor runtime weighted by their affinity.
+    None: no such figure."""
+    return _kin_mean(record, device_key, lambda m: float(m["kendall_tau"]))
+
+
+def zero_shot_first(record: Any, device_key: str) -> tuple[float, float, int] | None:
+    """The top of that order, which a tuner measures first: how near the optimum the best
+    of its first k configs came on those devices, and the best of k random draws does
+    (slowdowns; geometric means over the kin, weighted as ``zero_shot_tau``), and k.
+    None: no figure (a model stored before it, or no space of more than k configs)."""
+    def log1p_of(key: str) -> Callable[[dict], float | None]:
+        return lambda m: math.log1p(m["first"][key]) if "first" in m else None
+
+    first = _kin_mean(record, device_key, log1p_of("first_slowdown"))
+    rand = _kin_mean(record, device_key, log1p_of("random_slowdown"))
+    if first is None or rand is None:
+        return None
+    k = next(m["first"]["k"] for m in (record.metrics.get("zero_shot") or {}).values()
+             if "first" in m)
+    return math.expm1(first), math.expm1(rand), int(k)
 
 
 def sampler_factory(name: str, seed: int | None, database: db.Database, device_key: str,
@@ -79,13 +107,17 @@ def sampler_factory(name: str, seed: int | None, database: db.Database, device_k
         log(why)
         return SamplerFactory(lambda: make_sampler(name, seed), f"tpe (no cost model for "
                               f"{device_key})")
+    options = _weigh(database, device_key, found)
     if kind.auto:
-        return _auto(database, device_key, seed, log, found)
-    model, record = found
-    what = _what(record)
-    log(f"sampler model: {what} ranks each space")
-    return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0, log=log),
-                          f"model {record.id}")
+        return _auto(device_key, seed, log, options)
+    figured = [o for o in options if o.tau is not None]
+    best = max(figured, key=lambda o: o.tau) if figured else options[0]
+    why = f" (of {'; '.join(o.said for o in options)})" if len(options) > 1 else ""
+    log(f"sampler model: {_what(best.record)} ranks each space{why}")
+    which = "held-out" if best.trained else "siblings' zero-shot"
+    figure = "" if best.tau is None else f" ({which} tau {best.tau:.2f})"
+    return SamplerFactory(lambda: ModelSampler(best.model, seed=seed or 0, log=log),
+                          f"model {best.record.id}{figure}")
 
 
 def _what(record: Any) -> str:
@@ -93,56 +125,103 @@ def _what(record: Any) -> str:
             f"{record.trained_on.get('rows', '?')} measurements)")
 
 
-def _auto(database: db.Database, device_key: str, seed: int | None,
-          log: Callable[[str], None], own: tuple) -> SamplerFactory:
-    """``auto``: of the device's own newest model and the newest model of every device, the
-    one with the better figure on ``device_key`` — its held-out tau there, or, where it never
-    trained on the device, its siblings' zero-shot tau (``SiblingsOrTpe``) — if that clears
-    ``AUTO_MIN_TAU``; TPE otherwise.  The device's own model alone would end the siblings'
-    part after one launch: the retrain at its end fits a model on the device's few rows,
-    whose held-out figure (4 configs after a 20-trial launch) said nothing.  ``own``: what
-    ``model_for`` found for the device."""
+@dataclass
+class _Option:
+    """A stored model a launch weighs, with its figure on the device (``_weigh``)."""
+
+    model: Any
+    record: Any
+    trained: bool  # on the device: ``tau`` is held out there; else its siblings' zero-shot
+    tau: float | None
+    first: tuple[float, float, int] | None  # ``zero_shot_first`` (untrained only)
+
+    @property
+    def beats_random(self) -> bool:
+        """The siblings' first k configs came nearer the optimum than k random draws."""
+        return self.first is not None and self.first[0] < self.first[1]
+
+    @property
+    def clears(self) -> bool:
+        """``auto`` takes it: tau at least ``AUTO_MIN_TAU``, or, on a device it never
+        trained on, the top of its siblings' order beat random on their kin."""
+        return (self.tau is not None and self.tau >= AUTO_MIN_TAU) or self.beats_random
+
+    @property
+    def said(self) -> str:
+        if self.tau is None:
+            figure = "no held-out figure on this device"
+        elif self.trained:
+            figure = f"held-out tau {self.tau:.2f}"
+        else:
+            figure = (f"no held-out figure on this device, and other devices' measurements "
+                      f"ranked the devices it trained on at tau {self.tau:.2f}")
+            if self.first is not None:
+                first, rand, k = self.first
+                figure += (f", their first {k} configs within {100 * first:.1f}% of the "
+                           f"optimum where {k} random draws come within {100 * rand:.1f}%")
+        return f"{_what(self.record)} has {figure}"
+
+
+def _weigh(database: db.Database, device_key: str, own: tuple) -> list[_Option]:
+    """The models a launch on ``device_key`` weighs: its own newest (``own``, what
+    ``model_for`` found) and the newest model of every device, each with its figure there —
+    its held-out tau on the device, or, where it never trained on the device, its siblings'
+    zero-shot figures.  The device's own model alone would end the siblings' part after one
+    launch on a new GPU: the retrain at its end fits a model on the device's few rows, whose
+    held-out figure (4 configs after a 20-trial launch) says nothing."""
     import db
     from costmodel import model_for
 
-    from .model import ModelSampler, SiblingsOrTpe
-
-    options: dict[int, tuple] = {}
-    said: list[str] = []
+    options: dict[int, _Option] = {}
     for found in (own, model_for(database, db.ALL_DEVICES)):
         if found is None or found[1].id in options:
             continue
         model, record = found
         trained = device_key in record.trained_on.get("devices", ())
-        tau = held_out_tau(record, device_key) if trained else zero_shot_tau(record, device_key)
-        options[record.id] = (tau, trained, model, record)
-        if tau is None:
-            figure = "no held-out figure on this device"
-        elif trained:
-            figure = f"held-out tau {tau:.2f}"
+        if trained:
+            options[record.id] = _Option(model, record, True, held_out_tau(record, device_key),
+                                         None)
         else:
-            figure = (f"no held-out figure on this device, and other devices' measurements "
-                      f"ranked the devices it trained on at tau {tau:.2f}")
-        said.append(f"{_what(record)} has {figure}")
-    figured = [o for o in options.values() if o[0] is not None]
-    best = max(figured, key=lambda o: o[0]) if figured else None
-    if best is None or best[0] < AUTO_MIN_TAU:
-        why = "; ".join(said)
+            options[record.id] = _Option(model, record, False, zero_shot_tau(record, device_key),
+                                         zero_shot_first(record, device_key))
+    return list(options.values())
+
+
+def _auto(device_key: str, seed: int | None, log: Callable[[str], None],
+          options: list[_Option]) -> SamplerFactory:
+    """``auto``: of the models ``_weigh`` found that clear the bar (``_Option.clears``), the
+    one with the better tau on ``device_key`` (``SiblingsOrTpe`` where it never trained on
+    the device); TPE where none does."""
+    from .model import ModelSampler, SiblingsOrTpe
+
+    clearing = [o for o in options if o.clears]
+    if not clearing:
+        why = "; ".join(o.said for o in options)
         log(f"sampler auto: TPE on {device_key}: {why} (a model is used from tau "
-            f"{AUTO_MIN_TAU})")
-        short = said[0].split(" has ", 1)[1] if len(said) == 1 else "no figure >= " \
-            f"{AUTO_MIN_TAU}"
+            f"{AUTO_MIN_TAU}, or on a new device where its siblings' first configs beat "
+            "random draws)")
+        short = options[0].said.split(" has ", 1)[1] if len(options) == 1 else \
+            f"no figure >= {AUTO_MIN_TAU}"
         return SamplerFactory(lambda: make_sampler("tpe", seed), f"tpe ({short})")
-    tau, trained, model, record = best
-    if trained:
+    best = max(clearing, key=lambda o: o.tau if o.tau is not None else -1.0)
+    tau, record = best.tau, best.record
+    if best.trained:
         log(f"sampler auto: {_what(record)} ranks each space on {device_key} (held-out tau "
             f"{tau:.2f} >= {AUTO_MIN_TAU})")
-        return SamplerFactory(lambda: ModelSampler(model, seed=seed or 0, log=log),
+        return SamplerFactory(lambda: ModelSampler(best.model, seed=seed or 0, log=log),
                               f"model {record.id} (held-out tau {tau:.2f})")
+    by_tau = tau is not None and tau >= AUTO_MIN_TAU
+    why = f"{tau:.2f}" + (f" >= {AUTO_MIN_TAU}" if by_tau else "")
+    if best.first is not None:
+        first, rand, k = best.first
+        why += (f"; their first {k} configs came within {100 * first:.1f}% of the optimum, "
+                f"{k} random draws within {100 * rand:.1f}%")
     log(f"sampler auto: {_what(record)} ranks each space on {device_key}, a device it never "
         f"trained on, by other devices' measurements of the same configs (their order ranked "
-        f"the devices it trained on at tau {tau:.2f} >= {AUTO_MIN_TAU}, each left out); a "
-        "study whose candidates no other device measured gets TPE")
-    return SamplerFactory(lambda: SiblingsOrTpe(model, seed=seed or 0, log=log),
-                          f"model {record.id} (siblings' zero-shot tau {tau:.2f}; TPE for a "
+        f"the devices it trained on at tau {why}, each left out); a study whose candidates no "
+        "other device measured gets TPE")
+    short = f"{tau:.2f}" + ("" if by_tau or best.first is None else
+                            f", its first {best.first[2]} configs beat random draws")
+    return SamplerFactory(lambda: SiblingsOrTpe(best.model, seed=seed or 0, log=log),
+                          f"model {record.id} (siblings' zero-shot tau {short}; TPE for a "
                           "study they measured none of)")
