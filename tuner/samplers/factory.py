@@ -55,11 +55,12 @@ def _kin_mean(record: Any, device_key: str, value: Callable[[dict], float | None
     from costmodel import affinity
 
     figures = record.metrics.get("zero_shot") or {}
-    kin = [(affinity(device_key, d), value(m)) for d, m in figures.items() if d != device_key]
-    kin = [(w, v) for w, v in kin if w > 0 and v is not None]
-    if not kin:
-        return None
-    return sum(w * v for w, v in kin) / sum(w for w, _ in kin)
+    num = den = 0.0
+    for device, m in figures.items():
+        w, v = affinity(device_key, device), value(m)
+        if device != device_key and w > 0 and v is not None:
+            num, den = num + w * v, den + w
+    return num / den if den > 0 else None
 
 
 def zero_shot_tau(record: Any, device_key: str) -> float | None:
@@ -110,8 +111,8 @@ def sampler_factory(name: str, seed: int | None, database: db.Database, device_k
     options = _weigh(database, device_key, found)
     if kind.auto:
         return _auto(device_key, seed, log, options)
-    figured = [o for o in options if o.tau is not None]
-    best = max(figured, key=lambda o: o.tau) if figured else options[0]
+    figured = [(o.tau, i) for i, o in enumerate(options) if o.tau is not None]
+    best = options[max(figured, key=lambda f: (f[0], -f[1]))[1] if figured else 0]
     why = f" (of {'; '.join(o.said for o in options)})" if len(options) > 1 else ""
     log(f"sampler model: {_what(best.record)} ranks each space{why}")
     which = "held-out" if best.trained else "siblings' zero-shot"
@@ -203,7 +204,7 @@ def _auto(device_key: str, seed: int | None, log: Callable[[str], None],
         short = options[0].said.split(" has ", 1)[1] if len(options) == 1 else \
             f"no figure >= {AUTO_MIN_TAU}"
         return SamplerFactory(lambda: make_sampler("tpe", seed), f"tpe ({short})")
-    best = max(clearing, key=lambda o: o.tau if o.tau is not None else -1.0)
+    best = max(clearing, key=lambda o: -1.0 if o.tau is None else o.tau)
     tau, record = best.tau, best.record
     if best.trained:
         log(f"sampler auto: {_what(record)} ranks each space on {device_key} (held-out tau "
