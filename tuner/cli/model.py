@@ -152,8 +152,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"  held out 20% on {device}: tau {_tau(h)}, "
                   f"MAPE {h.get('mape', float('nan')):.3f} ({h['n']} rows)")
         for device, z in out.get("zero_shot", {}).items():
+            first = z.get("first")
+            top = "" if not first else (
+                f"; their first {first['k']} within {100 * first['first_slowdown']:.1f}% of "
+                f"the optimum, {first['k']} random draws within "
+                f"{100 * first['random_slowdown']:.1f}%")
             print(f"  ranked by the other devices' measurements alone (a new GPU's order): "
-                  f"{device}: tau {_tau(z)} ({z['configs']} configs)")
+                  f"{device}: tau {_tau(z)} ({z['configs']} configs{top})")
     return 0
 
 
