@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from costmodel import evaluate, folds, make_model  # noqa: E402
 
-DEFAULT = ROOT / "benchmarks/data/dataset_intel-r-xeon-r-processor.jsonl.gz"
+DEFAULT = ROOT / "benchmarks/data/dataset_intel-r-xeon-r-processor-family-6-model-167.jsonl.gz"
 
 
 def _dataset_samples(path: str) -> list:

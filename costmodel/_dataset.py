@@ -32,7 +32,7 @@ from typing import Any
 
 import db
 from kernels import INVALID, KNOBS, MEASUREMENT_STATUSES, OK, device_key
-from kernels.machine import cpu_model, cpu_vector_isa
+from kernels.machine import cpu_name, cpu_vector_isa
 from search.ir import GraphFormatError, from_obj, load_program, structural_hash
 
 from ._features import FEATURE_VERSION
@@ -74,14 +74,14 @@ def program_key(program_hash: str, shapes: Any, dtype: str) -> str:
 
 def local_header() -> dict:
     """The header of a dataset of this machine's CPU."""
-    return {"kind": "header", "format": FORMAT, "version": FORMAT_VERSION, "cpu": cpu_model(),
+    return {"kind": "header", "format": FORMAT, "version": FORMAT_VERSION, "cpu": cpu_name(),
             "isa": cpu_vector_isa()[1], "device_key": device_key("cpu"),
             "feature_version": FEATURE_VERSION}
 
 
 def default_path(directory: str | Path = "benchmarks/data") -> Path:
     """``benchmarks/data/dataset_<cpu>.jsonl.gz``, the CPU named as a file name can hold."""
-    slug = "".join(c if c.isalnum() else "-" for c in cpu_model().lower()).strip("-")
+    slug = "".join(c if c.isalnum() else "-" for c in cpu_name().lower()).strip("-")
     while "--" in slug:
         slug = slug.replace("--", "-")
     return Path(directory) / f"dataset_{slug}.jsonl.gz"

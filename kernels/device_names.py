@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from kernels.machine import cpu_cores, cpu_march, cpu_model, cuda_available
+from kernels.machine import cpu_cores, cpu_march, cpu_name, cuda_available
 
 CPU, CUDA = "cpu", "cuda"
 DEVICE_KINDS = (CPU, CUDA)  # the kinds of a machine's devices (get_device's)
@@ -59,7 +59,7 @@ def device_key(kind: str = "cpu", index: int = 0) -> str:
     """
     if kind == "cpu":
         march = cpu_march()  # kernels built for another ISA level are another device
-        return f"cpu:{cpu_model()}:{cpu_cores()}c" + ("" if march == "native" else f":{march}")
+        return f"cpu:{cpu_name()}:{cpu_cores()}c" + ("" if march == "native" else f":{march}")
     if kind == "cuda":
         ok, reason = cuda_available()
         if not ok:

@@ -69,6 +69,17 @@ def cpu_model() -> str:
     return re.sub(r"\s+", " ", model.replace(":", "-")).strip()
 
 
+def cpu_name() -> str:
+    """What names this CPU in a device key: its model name, and where that carries no model
+    number (a hypervisor's generic name: Zen 3 and Zen 4 machines both report "AMD EPYC",
+    yet one runs AVX2 code and the other AVX-512) the family and model the CPU reports."""
+    model, info = cpu_model(), cpu_info()
+    family, number = info.get("cpu family"), info.get("model")
+    if re.search(r"\d", model) or not (family and number):
+        return model
+    return f"{model} (family {family} model {number})"
+
+
 def cpu_cores() -> int:
     """Cores this process may run on (the affinity mask, not the machine's total)."""
     try:
@@ -151,7 +162,7 @@ def measure_cpu_bandwidth(size_mb: int | None = None, repeats: int = 4,
     across different machines keeps each machine's own figure. A busy machine measures low:
     pass refresh=True (or delete the entry) to measure again when it is quiet.
     """
-    key = f"cpu:{cpu_model()}:{cpu_cores()}c"  # the machine's, whatever ISA kernels target
+    key = f"cpu:{cpu_name()}:{cpu_cores()}c"  # the machine's, whatever ISA kernels target
     path = cache_root() / "cpu_bandwidth.json"
     try:
         table = json.loads(path.read_text())
