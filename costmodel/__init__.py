@@ -45,7 +45,8 @@ __all__ = ["FEATURE_VERSION", "FORMAT_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_
            "Dataset", "DatasetFormatError", "DeviceProfile", "KernelTunerSpace", "Sample",
            "affinity", "concat",
            "cross_validate", "default_path", "device_profile", "evaluate", "evaluate_database",
-           "expected_random_best", "export_dataset", "featurize", "featurize_params", "folds", "group_name", "import_dataset",
+           "expected_random_best", "export_dataset", "featurize", "featurize_params", "folds",
+           "group_name", "import_dataset",
            "import_kernel_tuner", "kernel_tuner_samples", "load_model", "make_model",
            "model_for", "read_dataset", "read_kernel_tuner", "samples_from_rows",
            "spec_for_key", "sweep_samples", "train", "unknown_devices"]

@@ -243,14 +243,20 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _figures(row: dict) -> str:
-    """A stored model's figures on one line: its held-out tau, and the other devices'
-    measurements' zero-shot tau, each over the devices it trained on."""
+    """A stored model's figures on one line, as ``sampler: auto`` reads them: its held-out
+    tau (trusted from ``MIN_HELD_OUT`` configs), and the other devices' measurements'
+    zero-shot tau, each over the devices it trained on."""
+    from tuner.samplers import MIN_HELD_OUT
+
     out = []
     for name, key in (("held-out tau", "held_out"), ("siblings' zero-shot tau", "zero_shot")):
-        taus = sorted(m["kendall_tau"] for m in row.get(key, {}).values()
-                      if m.get("kendall_tau") is not None)
+        found = [m for m in row.get(key, {}).values() if m.get("kendall_tau") is not None]
+        taus = sorted(m["kendall_tau"] for m in found if m.get("n", MIN_HELD_OUT) >= MIN_HELD_OUT)
         if len(taus) == 1:
             out.append(f"{name} {taus[0]:.2f}")
         elif taus:
             out.append(f"{name} {taus[0]:.2f}-{taus[-1]:.2f} on {len(taus)} devices")
+        if len(found) > len(taus):
+            out.append(f"{len(found) - len(taus)} device(s) with under {MIN_HELD_OUT} held-out "
+                       "configs (not trusted)")
     return "; ".join(out) or "no held-out figure"

@@ -5,6 +5,7 @@ share (``registry``), a launch's factory (``factory``), and the cost model's sam
 from .registry import (
     AUTO_MIN_TAU,
     DEFAULT_SAMPLER,
+    MIN_HELD_OUT,
     NOT_OFFERED,
     SAMPLERS,
     SamplerKind,
@@ -12,5 +13,5 @@ from .registry import (
     unknown_sampler,
 )
 
-__all__ = ["AUTO_MIN_TAU", "DEFAULT_SAMPLER", "NOT_OFFERED", "SAMPLERS", "SamplerKind",
-           "make_sampler", "unknown_sampler"]
+__all__ = ["AUTO_MIN_TAU", "DEFAULT_SAMPLER", "MIN_HELD_OUT", "NOT_OFFERED", "SAMPLERS",
+           "SamplerKind", "make_sampler", "unknown_sampler"]

@@ -8,10 +8,10 @@ other devices' measurements ranked the devices it trained on (per study, TPE whe
 device measured a candidate: ``SiblingsOrTpe``): a tau at least ``AUTO_MIN_TAU``
 (``zero_shot_tau``), or the first configs of their order nearer the optimum than as many
 random draws (``zero_shot_first``: the top of the order is what a tuner measures; tau weighs
-the whole space); TPE otherwise.  ``model``
-weighs the same two models the same way but uses the better one whatever its figure (the
-device's own where neither has one), TPE only where no model is stored.  Either way the
-choice is said in the log and kept on the factory (``chosen``) for the summary.
+the whole space); TPE otherwise.  ``model`` weighs the same two models the same way but uses
+the better one whatever its figure (the device's own where neither has one), TPE only where
+no model is stored.  Either way the choice is said in the log and kept on the factory
+(``chosen``) for the summary.
 """
 
 from __future__ import annotations
