@@ -79,7 +79,7 @@ def test_train_store_reload_and_predict(capsys, two_gpus):
     assert len(top) == 3 and top[0]["config"] == {"a": 8, "b": 1}
     # `model train` prints the figures of each GPU ranked by the other's measurements
     code, out, _ = run_main(capsys, "model", "train", "--force", "--db", url)
-    assert code == 0 and ("other devices' measurements alone (a new GPU's order): "
+    assert code == 0 and ("other devices' measurements alone (a new device's order): "
                           "replay:NVIDIA RTX A4000: tau ") in out
     # `model list` shows each model's figures, the ones `sampler: auto` weighs
     code, out, _ = run_main(capsys, "model", "list", "--db", url, "--json")

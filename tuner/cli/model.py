@@ -157,7 +157,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"; their first {first['k']} within {100 * first['first_slowdown']:.1f}% of "
                 f"the optimum, {first['k']} random draws within "
                 f"{100 * first['random_slowdown']:.1f}%")
-            print(f"  ranked by the other devices' measurements alone (a new GPU's order): "
+            print(f"  ranked by the other devices' measurements alone (a new device's order): "
                   f"{device}: tau {_tau(z)} ({z['configs']} configs{top})")
     return 0
 
