@@ -207,7 +207,7 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
     bound = structure.bind({k: int(v) for k, v in plan.config.items()
                             if k in structure.symbols()}) if structure.symbols() else structure
     kfeat, levels = _kernel_features(plan, spec), _levels(plan)
-    est = estimate(structure, config, spec)
+    est = estimate(structure, config, spec, plan)
     opcodes: list[int] = []
     nodes: list[list[float]] = []
     edges: list[tuple[int, int]] = []

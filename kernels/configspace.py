@@ -309,7 +309,7 @@ def _regional_bytes(structure: KernelGraph, default: Mapping[str, int],
 
 
 def estimate(structure: KernelGraph, config: Mapping[str, int] | None,
-             device: str | DeviceSpec) -> Estimate:
+             device: str | DeviceSpec, plan: KernelPlan | None = None) -> Estimate:
     """Roofline lower bound of ``structure`` bound by ``config`` on ``device``.
 
     Bytes count every tile a block reads from or writes to global memory (once per for-loop
@@ -319,9 +319,12 @@ def estimate(structure: KernelGraph, config: Mapping[str, int] | None,
     share of its bandwidth and FLOP/s: on an H100 the search's 2-block attention structures
     took 6-37 ms against 0.5 ms for the hand-written one's 64 blocks, which the plain roofline
     ranked the other way (sweep_h100_76096fd: Kendall tau 0.02 between estimate and time).
+    ``plan``: the same structure, config and device already lowered (the cost model's
+    features lower each candidate once for both).
     """
     spec = resolve_spec(device)
-    plan = lower(structure, config, spec, "estimate")
+    if plan is None:
+        plan = lower(structure, config, spec, "estimate")
     bound = structure.bind({k: int(v) for k, v in plan.config.items()
                             if k in structure.symbols()}) if structure.symbols() else structure
     share = _fill(plan, spec)
