@@ -15,7 +15,9 @@ that chose the finalists was noise.  Three signals tell such timings apart:
 timings, interleaved round by round: the lowest median of its rounds wins, and the best is
 *uncertain* when the re-timings were noisy or the machine loaded (the finalists themselves
 were chosen by noisy timings), or when the runner-up is within the round-to-round spread of
-the two and that spread exceeds ``TIE_LIMIT`` (a choice the timings cannot make).
+the two and that spread exceeds ``TIE_LIMIT`` (a choice the timings cannot make) — unless
+in every round, round by round, the runner-up ran at most ``TIE_LIMIT`` faster than the best
+(``_never_faster``).
 ``close_call`` words that last reason; past ``BUSY_SPREAD`` it says the timings are noise.
 """
 
@@ -35,6 +37,7 @@ from typing import Any
 SPREAD_LIMIT = 0.25
 CPU_SHARE_MIN = 0.80  # timing thread's CPU time / wall time while sampling
 TIE_LIMIT = 0.05  # round-to-round spread of finalists that makes a close call uncertain
+PAIRED_ROUNDS = 3  # rounds in which a runner-up never clearly faster is no close call
 NOISY_SHARE = 0.25  # fraction of noisy re-timings that makes the best uncertain
 # round-to-round spread past which timings rank nothing: (max - min) / median above 1 means
 # the slowest round took more than twice the fastest (a busy machine, not the kernels)
@@ -102,10 +105,22 @@ def verdict(rounds: Mapping[Hashable, Sequence[float]], noisy: int = 0, timings:
         if k == best:
             continue
         spread = max(_spread(rounds[best], w), _spread(rounds[k], m))
-        if spread > TIE_LIMIT and m - w <= spread * w:
+        if spread > TIE_LIMIT and m - w <= spread * w and not _never_faster(rounds[best],
+                                                                            rounds[k]):
             why.append(close_call("the runner-up", m / w - 1, spread, "its"))
         break  # only the runner-up can be the better choice that noise hid
     return Verdict(best, w, "; ".join(why) or None, medians)
+
+
+def _never_faster(best: Sequence[float], other: Sequence[float]) -> bool:
+    """In each of at least ``PAIRED_ROUNDS`` rounds, ``other`` ran at most ``TIE_LIMIT``
+    faster than ``best``: the rounds are interleaved, so a burst of load slows the finalists
+    of a round alike, and a spread from round to round, however wide, is the machine's, not
+    a doubt about which is faster.  (Of the 22 finalist sets of seven quiet launches on the
+    2-core AMD EPYC VM, 2026-11-29, the spread alone called 16 close: in 10 of those the
+    runner-up was never more than 5% faster in a round.)"""
+    pairs = list(zip(best, other, strict=False))  # a deadline can cut one short
+    return len(pairs) >= PAIRED_ROUNDS and all(b <= (1 + TIE_LIMIT) * o for b, o in pairs)
 
 
 def close_call(other: str, slower: float, spread: float, whose: str) -> str:

@@ -71,6 +71,16 @@ def test_train_store_reload_and_predict(capsys, two_gpus):
     assert record.id == trained["model_id"] and record.kind == "gbdt"
     pred = model.predict(samples)
     assert np.all(np.isfinite(pred)) and pred.shape == (96,)
+    # a launch loads it once per program (a copy each time): what one study's few shots
+    # adapt is not the next study's model
+    a4000 = [s for s in samples if s.device == "replay:NVIDIA RTX A4000"]
+    for s in a4000[:4]:
+        s.seconds *= 10.0
+    model.adapt(a4000[:4])
+    with db.connect(url) as database:
+        again, _ = costmodel.model_for(database, "replay:NVIDIA RTX A4000")
+    assert not np.allclose(model.predict(samples), pred)
+    assert np.allclose(again.predict(samples), pred) and again.offsets == {}
     # its top prediction on the A4000 is the space's best configuration (a=8, b=1)
     code, out, _ = run_main(capsys, "model", "predict", "toy", "--device",
                         "replay:NVIDIA RTX A4000", "--top", "3", "--db", url, "--json")
