@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import DateTime, Integer, LargeBinary, String, Table, Text, func, select
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, defer, mapped_column
 
 from db._models import (
     KEY_LEN,
@@ -248,6 +248,8 @@ def models(database: Database, device_key: str | None = None, kind: str | None =
            with_weights: bool = True) -> list[ModelRecord]:
     """Stored models, newest first; ``device_key`` also matches models of every device."""
     stmt = select(CostModelRow).order_by(CostModelRow.id.desc())
+    if not with_weights:  # each launch stores a model (a 98,744-row one is 78 MB)
+        stmt = stmt.options(defer(CostModelRow.weights))
     if device_key:
         stmt = stmt.where(CostModelRow.device_key.in_([device_key, ALL_DEVICES]))
     if kind:
@@ -262,11 +264,14 @@ def models(database: Database, device_key: str | None = None, kind: str | None =
 def best_model(database: Database, device_key: str, kinds: Sequence[str] = (
         "graphsage", "gbdt")) -> ModelRecord | None:
     """The newest model for ``device_key`` (one trained on its own rows before one trained
-    on every device), preferring ``kinds`` in order."""
-    found = models(database, device_key)
+    on every device), preferring ``kinds`` in order.  Only its weights are read."""
+    found = models(database, device_key, with_weights=False)
     for exact in (True, False):
         for kind in kinds:
             for m in found:
                 if m.kind == kind and (m.device_key == device_key) == exact:
-                    return m
+                    with database.session(write=False) as s:
+                        weights = s.execute(select(CostModelRow.weights).where(
+                            CostModelRow.id == m.id)).scalar_one()
+                    return replace(m, weights=weights)
     return None
