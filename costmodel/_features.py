@@ -31,7 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from kernels import ConfigSpace, DeviceSpec, KernelPlan, Level, config_space, estimate, lower
+from kernels import (
+    ConfigSpace,
+    DeviceSpec,
+    KernelPlan,
+    Level,
+    concretize,
+    config_space,
+    estimate,
+    lower,
+)
 from search.ir import MAX_RANK, OPS, KernelGraph
 
 from ._nest import DIV_OPS, EXP_OPS, NEST_DIM, nest_features
@@ -203,11 +212,12 @@ def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: De
               known_device: bool = True) -> Sample:
     """The sample of ``structure`` bound by ``config`` on ``spec`` (lowered once);
     ``known_device`` False: ``spec`` is a sibling's row (``costmodel._devices``)."""
-    plan = lower(structure, config, spec, "cm")
-    bound = structure.bind({k: int(v) for k, v in plan.config.items()
-                            if k in structure.symbols()}) if structure.symbols() else structure
+    # bound once: the lowering and the estimate take the bound graph (each bound it again:
+    # a model-guided launch featurizes every candidate of a study, ~7,000 in four programs)
+    bound, symbols, knobs = concretize(structure, config, spec)
+    plan = lower(bound, {**symbols, **knobs}, spec, "cm")
     kfeat, levels = _kernel_features(plan, spec), _levels(plan)
-    est = estimate(structure, config, spec, plan)
+    est = estimate(bound, plan.config, spec, plan)
     opcodes: list[int] = []
     nodes: list[list[float]] = []
     edges: list[tuple[int, int]] = []
