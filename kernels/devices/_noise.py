@@ -16,7 +16,7 @@ timings, interleaved round by round: the lowest median of its rounds wins, and t
 *uncertain* when the re-timings were noisy or the machine loaded (the finalists themselves
 were chosen by noisy timings), or when the runner-up is within the round-to-round spread of
 the two and that spread exceeds ``TIE_LIMIT`` (a choice the timings cannot make) — unless
-in every round, round by round, the runner-up ran at most ``TIE_LIMIT`` faster than the best
+the runner-up ran at most ``TIE_LIMIT`` faster than the best in every round
 (``_never_faster``).
 ``close_call`` words that last reason; past ``BUSY_SPREAD`` it says the timings are noise.
 """
