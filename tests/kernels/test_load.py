@@ -148,6 +148,16 @@ def test_half_programs_take_torch_tensors_of_their_dtype_in_place(half):
         rtol, _ = tolerance(dtype)
         np.testing.assert_allclose(y.float().numpy(), want[0], rtol=rtol,
                                    atol=rtol * float(np.max(np.abs(want[0]))))
+        # float32 tensors are converted (by torch) on every call, rounded as numpy arrays are
+        kernel.warned = False
+        with pytest.warns(UserWarning, match=f"converted to the program's {dtype} on every"):
+            (y32,) = kernel(*(torch.from_numpy(x) for x in xs))
+        assert torch.equal(y32, y)
+        kernel.warned = True
+        (from_numpy,) = kernel(*xs)  # float32 arrays, converted by numpy (``to_storage``)
+        got = torch.from_numpy(from_numpy)
+        assert torch.equal(y32, got.view(torch.bfloat16) if dtype == "bfloat16" else got)
+        assert torch.equal(kernel(*(torch.from_numpy(x).double() for x in xs))[0], y)
 
 
 def test_the_library_path_of_a_half_program_speaks_its_dtype(half):
