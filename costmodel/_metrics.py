@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.special import gammaln
 from scipy.stats import kendalltau
 
 # Why rows have no Kendall tau (``evaluate`` gives NaN; stored metrics leave the figure out)
@@ -61,14 +62,10 @@ def expected_random_best(times: Sequence[float] | np.ndarray, budget: int) -> np
     for t in range(1, budget + 1):
         # P(the minimum is the i-th smallest) = C(n-i, t-1) / C(n, t), i = 1..n-t+1
         i = np.arange(1, n - t + 2, dtype=np.float64)
-        logp = (_lgamma(n - i + 1) - _lgamma(t) - _lgamma(n - i - t + 2)
-                - (_lgamma(n + 1) - _lgamma(t + 1) - _lgamma(n - t + 1)))
+        logp = (gammaln(n - i + 1) - gammaln(t) - gammaln(n - i - t + 2)
+                - (gammaln(n + 1) - gammaln(t + 1) - gammaln(n - t + 1)))
         out[t - 1] = float(np.sum(np.exp(logp) * x[: n - t + 1]))
     return out
-
-
-def _lgamma(v: float | np.ndarray) -> np.ndarray:
-    return np.vectorize(math.lgamma)(np.asarray(v, np.float64))
 
 
 def first_k(groups: Sequence[str], true_s: Sequence[float] | np.ndarray,
