@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 from support import mha_structure, row_cut_structure
@@ -178,6 +179,35 @@ def test_study_measures_each_config_once_and_keeps_the_best(tmp_path, rmsnorm_ma
     more = _runner(database, storage, pool, 16).run(task, key.program_hash)
     assert more.new == 4 and len({db.config_hash(c) for c in pool.measured}) == 4
     assert not {db.config_hash(c) for c in pool.measured} & set(hashes)
+    database.close()
+
+
+def test_a_study_the_cost_model_ranks_starts_with_the_default_then_the_models_picks(
+        tmp_path, rmsnorm_matmul) -> None:
+    """The warm start's one-parameter moves are for a sampler that knows nothing of the
+    space; where the cost model ranks it, the default goes first and then the model's
+    best-ranked configs (the moves had taken 4-8 of a CPU study's 10 trials)."""
+    import tuner.pipeline.tune as tune
+    from costmodel import make_model
+    from tuner.samplers.model import ModelSampler
+
+    spec, structure = local_cpu_spec(), rmsnorm_matmul[2]
+    database, pool, task, storage, key = _setup(
+        tmp_path, rmsnorm_matmul,  # measured as estimated: the model's order never moves
+        landscape=lambda config, i: estimate(structure, config, spec).seconds)
+    model = make_model("roofline")
+    model.fit([])  # the roofline estimate as it is
+    codec = Codec(task.space.params)
+    ranked = ModelSampler(model)
+    ranked.bind(task, codec, codec.distributions(optuna))
+    assert not ranked.warm_neighbours
+    order = np.argsort(ranked._ranking.predicted, kind="stable")
+    picks = [codec.decode(ranked._params[i]) for i in order]
+    out = StudyRunner(database, storage, lambda: ModelSampler(model), pool,
+                      trials=6).run(task, key.program_hash)
+    expected = [task.space.default, *(c for c in picks if c != task.space.default)]
+    assert pool.measured[:tune.SKIP_AFTER + 1] == expected[:tune.SKIP_AFTER + 1]
+    assert out.best_s == min(pool.table[db.config_hash(c)]["median_s"] for c in pool.measured)
     database.close()
 
 

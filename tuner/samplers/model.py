@@ -212,6 +212,13 @@ class ModelSampler(BaseSampler):
             codes = np.asarray([[p[n] for n in names] for p in self._params], np.int64)
             self._ranking = GuidedRanking(self.model, samples, codes)
 
+    @property
+    def warm_neighbours(self) -> bool:
+        """Whether a new study should start with the defaults' one-parameter moves to the
+        ends of each range (``tuner.pipeline.tune.warm_start``): not where the model ranks
+        the space, which then picks from the first trial after the defaults."""
+        return self._ranking is None
+
     def _say_siblings(self, task: Any, samples: Sequence[Sample]) -> None:
         """One line per study on a device the model never trained on: how many candidates
         its siblings measured (what ranks them; none: the trees alone).  The sampler once
@@ -282,6 +289,10 @@ class SiblingsOrTpe(BaseSampler):
         if self.chosen is self.tpe and self.log is not None:
             self.log(f"sampler auto on {task.device_key}: {task.program} "
                      f"{task.structure_hash[:12]}: TPE for this study")
+
+    @property
+    def warm_neighbours(self) -> bool:
+        return getattr(self.chosen, "warm_neighbours", True)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial
                                     ) -> dict[str, BaseDistribution]:
