@@ -9,8 +9,8 @@ with a prior weight of one on the model — and repeats. After 4, 8 and 16 measu
 re-fits the model's view of the device from them (``CostModel.adapt``: which known devices'
 rankings the measured configs follow), so a device the model never saw is learned from its
 first few configs (few-shot). A Kernel Tuner space (no µGraph) is predicted from its
-parameters. The AStitch default and its warm-start neighbours still go first (they are enqueued
-trials, which Optuna hands out before asking a sampler). The rule is
+parameters. The AStitch default still goes first (an enqueued trial, which Optuna hands
+out before asking a sampler), but not its warm-start neighbours (``warm_neighbours``). The rule is
 ``GuidedRanking``; benchmarks/strategies.py runs that same class on real GPU spaces against
 Kernel Tuner's strategies.
 """
