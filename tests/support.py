@@ -185,6 +185,17 @@ def one_line_error(err: str, command: str) -> str:
 REPO = Path(__file__).resolve().parents[1]
 TUNER = [sys.executable, "-m", "tuner.cli"]
 
+
+def load_script(path: str) -> Any:
+    """A script of the repository (``benchmarks/peers.py``), imported as a module by its path:
+    benchmarks and tools are scripts, not packages."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"script_{Path(path).stem}", REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 JOB = """
 programs:
   - name: softmax_rows

@@ -5,7 +5,6 @@ written plainly, and the script runs end to end on small caches."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import subprocess
@@ -13,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from support import REPO, guided_correction, kernel_tuner_cache
+from support import REPO, guided_correction, kernel_tuner_cache, load_script
 
 from tuner.samplers.model import MAIN_EFFECTS_FROM, MAIN_EFFECTS_RIDGE
 
@@ -21,10 +20,7 @@ SCRIPT = REPO / "benchmarks" / "strategies.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_strategies", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/strategies.py")
 
 
 GPUS = {  # three GPUs of one toy kernel, each with its own optimum

@@ -3,17 +3,11 @@ a cache line) beside the same arrays 64-byte aligned, each kernel checked first.
 
 from __future__ import annotations
 
-import importlib.util
-
-from support import REPO
+from support import load_script
 
 
 def _alignment():
-    spec = importlib.util.spec_from_file_location("bench_alignment",
-                                                  REPO / "benchmarks" / "alignment.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/alignment.py")
 
 
 def test_the_table_names_the_cpu_and_times_both_placements(capsys):

@@ -6,22 +6,17 @@ H100 sweep cut short left mha one 50 ms trial, and the peers table showed it as 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import itertools
 import json
 import random
 
-from support import REPO
+from support import load_script
 
 from search import handwritten, load_program, to_obj
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" /
-                                                  f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"benchmarks/{name}.py")
 
 
 def test_given_configs_are_measured_first_with_the_defaults_knobs():

@@ -3,17 +3,11 @@ paired by seed, a database without a best is named, bad arguments exit 2."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from support import REPO
+from support import load_script
 
 
 def _launch_ab():
-    spec = importlib.util.spec_from_file_location("bench_launch_ab",
-                                                  REPO / "benchmarks" / "launch_ab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/launch_ab.py")
 
 
 def test_the_arms_are_compared_with_the_first_pair_by_pair():
