@@ -196,6 +196,7 @@ def load_script(path: str) -> Any:
     spec.loader.exec_module(module)
     return module
 
+
 JOB = """
 programs:
   - name: softmax_rows

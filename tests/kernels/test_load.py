@@ -5,6 +5,7 @@ programs take and give arrays of their dtype as they are."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 
 import numpy as np
@@ -202,7 +203,7 @@ def test_a_float32_array_converts_to_the_same_bits_with_torch_loaded_or_not(dtyp
         warnings.simplefilter("error")
         np.testing.assert_array_equal(_converted(x, dtype).view(np.uint16),
                                       want.view(np.uint16))
-    monkeypatch.delitem(__import__("sys").modules, "torch")  # a process without torch
+    monkeypatch.delitem(sys.modules, "torch")  # a process without torch
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(_converted(x, dtype).view(np.uint16),
                                       want.view(np.uint16))
