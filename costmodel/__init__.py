@@ -39,6 +39,7 @@ from ._store import (
     samples_from_rows,
     train,
 )
+from ._update import UPDATE_FROM_ROWS, UPDATE_TREES, update
 
 __all__ = ["FEATURE_VERSION", "FORMAT_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_KINDS",
            "SIZE_BUDGET_BYTES", "SPLITS", "TAU_UNDEFINED", "CacheFormatError", "CostModel",
@@ -49,4 +50,5 @@ __all__ = ["FEATURE_VERSION", "FORMAT_VERSION", "KT_DTYPE", "KT_STATUS", "MODEL_
            "group_name", "import_dataset",
            "import_kernel_tuner", "kernel_tuner_samples", "load_model", "make_model",
            "model_for", "read_dataset", "read_kernel_tuner", "samples_from_rows",
-           "spec_for_key", "sweep_samples", "train", "unknown_devices"]
+           "spec_for_key", "sweep_samples", "train", "unknown_devices", "update",
+           "UPDATE_FROM_ROWS", "UPDATE_TREES"]

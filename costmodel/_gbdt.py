@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._features import Sample
+from ._features import DEVICE_DIM, Sample
 from ._models import LearnedModel, group_rows, within_group
 from ._work import WorkPrior
 
@@ -54,49 +54,83 @@ class GbdtModel(LearnedModel):
         return np.c_[x, prior.log_prior(samples)] if prior is not None else x
 
     def fit(self, samples: Sequence[Sample], *, progress=None, seed: int = 0) -> None:
-        import lightgbm
-
         prior = WorkPrior().fit(samples) if self.work_prior else None
         self.prior = prior if prior is not None and prior.costs else None  # µGraph rows only
         x = self._x(samples)
         logt = np.log([s.seconds for s in samples])
-        # one thread unless asked: on a loaded 2-core machine OpenMP's barriers cost more than
-        # the trees (a 526-row fit: 4.7 s on one thread, over 5 minutes on two)
-        threads = self.threads or 1
-        params = {"objective": "regression", "num_leaves": self.leaves, "learning_rate": 0.05,
-                  "min_data_in_leaf": 5, "bagging_fraction": 0.9, "bagging_freq": 1,
-                  "feature_fraction": 0.9, "num_threads": threads, "seed": seed,
-                  "verbose": -1}
-
-        def boost(y: np.ndarray, rank: bool = False):
-            callbacks = []
-            if self.time_budget_s is not None:
-                end = time.perf_counter() + self.time_budget_s / 2
-
-                def stop(env) -> None:
-                    if time.perf_counter() > end:
-                        if progress:
-                            progress(f"gbdt: time budget reached at tree {env.iteration + 1}")
-                        raise lightgbm.callback.EarlyStopException(env.iteration, [])
-                callbacks.append(stop)
-            if not rank:
-                return lightgbm.train(params, lightgbm.Dataset(x, y), self.trees,
-                                      callbacks=callbacks)
-            order, sizes, grades = self._queries(logt, group_rows(samples), seed)
-            ranked = {**params, "objective": "lambdarank",
-                      "label_gain": list(range(self.RANK_GRADES)),
-                      "lambdarank_truncation_level": self.RANK_QUERY}
-            return lightgbm.train(ranked, lightgbm.Dataset(x[order], grades, group=sizes),
-                                  self.trees, callbacks=callbacks)
-
         # the level learns what the work prior misses (a tree's leaf cannot extrapolate past
         # the times it was trained on; the prior's sum of costs can)
-        self.level = boost(logt - self._base(x))
+        self.level = self._boost(x, logt - self._base(x), self.trees, seed=seed,
+                                 progress=progress)
         if self.shape_objective == "lambdarank":
-            self.shape = boost(logt, rank=True)
+            self.shape = self._boost(x, logt, self.trees, samples=samples, seed=seed,
+                                     progress=progress)
         else:
-            self.shape = boost(within_group(logt, group_rows(samples)))
+            self.shape = self._boost(x, within_group(logt, group_rows(samples)), self.trees,
+                                     seed=seed, progress=progress)
         self.remember(samples)
+
+    def update(self, samples: Sequence[Sample], *, trees: int, time_budget_s: float | None = None,
+               seed: int = 0, progress=None) -> None:
+        """Teach the trained model ``samples`` (every row of the groups that gained
+        measurements) without refitting it: ``trees`` more trees per booster, boosted from
+        its predictions on them (LightGBM's ``init_model``), and their measured ranks in
+        place of the ones it kept.  The work prior stays the one fitted on the full rows.
+        What a launch's retrain does on a model trained on many rows (``costmodel.update``)."""
+        if not samples:
+            return
+        x = self._x(samples)
+        logt = np.log([s.seconds for s in samples])
+        half = None if time_budget_s is None else time_budget_s / 2
+        self.level = self._boost(x, logt - self._base(x), trees, seed=seed, progress=progress,
+                                 init=self.level, budget_s=half)
+        if self.ordinal_shape:
+            self.shape = self._boost(x, logt, trees, samples=samples, seed=seed,
+                                     progress=progress, init=self.shape, budget_s=half)
+        else:
+            self.shape = self._boost(x, within_group(logt, group_rows(samples)), trees,
+                                     seed=seed, progress=progress, init=self.shape,
+                                     budget_s=half)
+        self.devices.update({s.device: s.graph[-DEVICE_DIM:].copy() for s in samples})
+        if getattr(self, "measured", None) is not None:
+            self.measured.update(samples)
+
+    def _boost(self, x: np.ndarray, y: np.ndarray, trees: int, *,
+               samples: Sequence[Sample] | None = None, seed: int = 0, progress=None,
+               init=None, budget_s: float | None = None):
+        """One booster of ``trees`` trees on (``x``, ``y``) — lambdarank over the groups of
+        ``samples`` (``y``: log seconds) where they are given, squared error otherwise —
+        continuing ``init`` where given; stopped at ``budget_s`` (default: half of
+        ``time_budget_s``)."""
+        import lightgbm
+
+        # one thread unless asked: on a loaded 2-core machine OpenMP's barriers cost more than
+        # the trees (a 526-row fit: 4.7 s on one thread, over 5 minutes on two)
+        params = {"objective": "regression", "num_leaves": self.leaves, "learning_rate": 0.05,
+                  "min_data_in_leaf": 5, "bagging_fraction": 0.9, "bagging_freq": 1,
+                  "feature_fraction": 0.9, "num_threads": self.threads or 1, "seed": seed,
+                  "verbose": -1}
+        if budget_s is None and self.time_budget_s is not None:
+            budget_s = self.time_budget_s / 2
+        callbacks = []
+        if budget_s is not None:
+            end = time.perf_counter() + budget_s
+
+            def stop(env) -> None:
+                if time.perf_counter() > end:
+                    if progress:
+                        progress(f"gbdt: time budget reached at tree {env.iteration + 1}")
+                    raise lightgbm.callback.EarlyStopException(env.iteration, [])
+            callbacks.append(stop)
+        if samples is None:
+            return lightgbm.train(params, lightgbm.Dataset(x, y), trees, init_model=init,
+                                  callbacks=callbacks)
+        order, sizes, grades = self._queries(y, group_rows(samples), seed)
+        ranked = {**params, "objective": "lambdarank",
+                  "label_gain": list(range(self.RANK_GRADES)),
+                  "lambdarank_truncation_level": self.RANK_QUERY}
+        return lightgbm.train(ranked, lightgbm.Dataset(x[order], grades, group=sizes), trees,
+                              init_model=init, callbacks=callbacks)
 
     @property
     def ordinal_shape(self) -> bool:

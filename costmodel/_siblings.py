@@ -81,12 +81,29 @@ class MeasuredRanks:
     score (the quantile of a standard normal at that rank)."""
 
     def __init__(self, samples: Sequence[Sample]) -> None:
+        self.keyed_by = "structure_id"  # older stored models: ``_key``
+        self.z: dict[tuple, dict[str, float]] = self._scores(samples)
+        self.agree = _agreement(self.z)
+        self._weights: dict[tuple[str, str], dict[str, float]] = {}
+
+    def update(self, samples: Sequence[Sample]) -> None:
+        """Take the ranks of ``samples``' groups (each given whole: every row measured) in
+        place of those kept for them: a model taught a launch's measurements
+        (``GbdtModel.update``).  The agreement of the programs they belong to is measured
+        again."""
+        for key, seen in self._scores(samples).items():
+            self.z.setdefault(key, {}).update(seen)
+        programs = {s.program for s in samples}
+        self.agree.update(_agreement({k: v for k, v in self.z.items() if k[0] in programs}))
+        self._weights = {}
+
+    def _scores(self, samples: Sequence[Sample]) -> dict[tuple, dict[str, float]]:
+        """Per config key, each device's normal score of its rank in its group."""
         rows: dict[str, list[int]] = defaultdict(list)
         for i, s in enumerate(samples):
             if _config_key(s) is not None and s.seconds > 0 and math.isfinite(s.seconds):
                 rows[s.group].append(i)
         scores: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-        self.keyed_by = "structure_id"  # older stored models: ``_key``
         for idx in rows.values():
             if len(idx) < 2:
                 continue
@@ -98,10 +115,8 @@ class MeasuredRanks:
                 scores[key][samples[i].device].append(float(v))  # type: ignore[index]
         # one kernel measured more than once on a device (a config stored before its dialect's
         # unread knobs were made canonical: three CUDA C `stages`): the mean of its scores
-        self.z: dict[tuple, dict[str, float]] = {
-            key: {d: float(np.mean(v)) for d, v in seen.items()} for key, seen in scores.items()}
-        self.agree = _agreement(self.z)
-        self._weights: dict[tuple[str, str], dict[str, float]] = {}
+        return {key: {d: float(np.mean(v)) for d, v in seen.items()}
+                for key, seen in scores.items()}
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled (a stored model): one stored before the typicality weights derives

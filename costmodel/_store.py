@@ -107,7 +107,8 @@ def train(database: db.Database, *, device_key: str | None = None, kind: str = "
     last = next((m for m in db.models(database, device_key, kind, with_weights=False)
                  if m.device_key == key), None)
     if (last and not force and last.trained_on.get("newest_measurement") == newest
-            and last.feature_version == FEATURE_VERSION):
+            and last.feature_version == FEATURE_VERSION
+            and "full_fit" not in last.trained_on):  # a launch's update: fit it in full
         return {"model_id": last.id, "kind": kind, "device_key": key, "trained": False,
                 "reason": "up to date: no new measurements since this model was trained",
                 **last.trained_on}

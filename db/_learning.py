@@ -18,7 +18,17 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import DateTime, Integer, LargeBinary, String, Table, Text, func, select
+from sqlalchemy import (
+    DateTime,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    delete,
+    func,
+    select,
+)
 from sqlalchemy.orm import Mapped, defer, mapped_column
 
 from db._models import (
@@ -94,8 +104,12 @@ def _table(model: type) -> Table:
     return cast(Table, model.__table__)  # type: ignore[attr-defined]
 
 
-def training_rows(database: Database, device_key: str | None = None) -> list[TrainingRow]:
-    """Every ``ok`` measurement (the first attempt of each trial), oldest first."""
+def training_rows(database: Database, device_key: str | None = None, *,
+                  after: int | None = None, structures: Iterable[str] | None = None
+                  ) -> list[TrainingRow]:
+    """Every ``ok`` measurement (the first attempt of each trial), oldest first; ``after``:
+    only those with a larger id (measured since); ``structures``: only those of these
+    structure hashes."""
     stmt = (select(MeasurementRow.id, ProgramRow.name, ProgramRow.program_hash,
                    StructureRow.structure_hash, StructureRow.structure_json, TrialRow.config_json,
                    MeasurementRow.device_key, MeasurementRow.median_s)
@@ -107,6 +121,10 @@ def training_rows(database: Database, device_key: str | None = None) -> list[Tra
             .order_by(MeasurementRow.id))
     if device_key:
         stmt = stmt.where(MeasurementRow.device_key == device_key)
+    if after is not None:
+        stmt = stmt.where(MeasurementRow.id > after)
+    if structures is not None:
+        stmt = stmt.where(StructureRow.structure_hash.in_(sorted(set(structures))))
     graphs: dict[str, Any] = {}
     out = []
     with database.session(write=False) as s:
@@ -165,6 +183,20 @@ def dataset_rows(database: Database, device_prefix: str | None = None) -> Iterat
          message) in rows:
         yield DatasetRow(name, phash, load(skey), dtype, load(pjson), shash, load(sjson),
                          json.loads(cjson), dkey, status, median, message)
+
+
+def measured_structures(database: Database, device_key: str) -> dict[str, int]:
+    """Per structure hash, how many ``ok`` first-attempt measurements of ``device_key`` it
+    has (the rows ``training_rows`` would give, counted without reading them)."""
+    stmt = (select(StructureRow.structure_hash, func.count(MeasurementRow.id))
+            .join(TrialRow, MeasurementRow.trial_id == TrialRow.id)
+            .join(StructureRow, TrialRow.structure_id == StructureRow.id)
+            .where(MeasurementRow.status == OK, MeasurementRow.attempt == 0,
+                   MeasurementRow.device_key == device_key,
+                   ~StructureRow.structure_hash.startswith(LIBRARY_PREFIX))
+            .group_by(StructureRow.structure_hash).order_by(StructureRow.structure_hash))
+    with database.session(write=False) as s:
+        return {h: int(n) for h, n in s.execute(stmt)}
 
 
 def newest_measurement_id(database: Database, device_key: str | None = None) -> int:
@@ -232,7 +264,11 @@ def structure_configs(database: Database, structure_id: int) -> list[dict]:
 
 
 def save_model(database: Database, *, kind: str, device_key: str, feature_version: int,
-               weights: bytes, trained_on: dict, metrics: dict) -> int:
+               weights: bytes, trained_on: dict, metrics: dict,
+               replaces: int | None = None) -> int:
+    """Store a model; ``replaces``: the id of one it makes obsolete, deleted in the same
+    transaction (a launch's update of an update: each launch would otherwise add a whole
+    model, 78 MB for one trained on the CPU dataset)."""
     with database.session() as s:
         row = CostModelRow(kind=check_key(kind, "kind", 32),
                            device_key=check_key(device_key, "device_key", KEY_LEN),
@@ -240,7 +276,9 @@ def save_model(database: Database, *, kind: str, device_key: str, feature_versio
                            trained_on_json=json_text(trained_on, "trained_on"),
                            metrics_json=json_text(metrics, "metrics"), created_at=utcnow())
         s.add(row)
-        s.flush()
+        s.flush()  # its id first: SQLite would give a deleted newest row's id again
+        if replaces is not None:
+            s.execute(delete(CostModelRow).where(CostModelRow.id == replaces))
         return row.id
 
 
@@ -270,8 +308,13 @@ def best_model(database: Database, device_key: str, kinds: Sequence[str] = (
         for kind in kinds:
             for m in found:
                 if m.kind == kind and (m.device_key == device_key) == exact:
-                    with database.session(write=False) as s:
-                        weights = s.execute(select(CostModelRow.weights).where(
-                            CostModelRow.id == m.id)).scalar_one()
-                    return replace(m, weights=weights)
+                    return with_weights(database, m)
     return None
+
+
+def with_weights(database: Database, record: ModelRecord) -> ModelRecord:
+    """``record`` (listed by ``models(with_weights=False)``) with its weights read."""
+    with database.session(write=False) as s:
+        weights = s.execute(select(CostModelRow.weights).where(
+            CostModelRow.id == record.id)).scalar_one()
+    return replace(record, weights=weights)

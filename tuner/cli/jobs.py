@@ -94,10 +94,14 @@ def format_summary(result: LaunchResult) -> str:
         if t.get("reason"):
             lines.append(f"cost model for {t['device_key']}: not retrained ({t['reason']})")
             continue
+        if t.get("updated_from") is not None:
+            done = (f"model {t['updated_from']} taught {t['new_rows']} new measurements in "
+                    f"{t['seconds']} s")
+        else:
+            done = f"retrained on {t['rows']} measurements in {t['seconds']} s"
         lines.append(f"cost model {t['model_id']} for {t['device_key']}: " + (
-            f"retrained on {t['rows']} measurements in {t['seconds']} s" + (
-                f", held-out tau {t['held_out_tau']:.2f}" if t["held_out_tau"] is not None
-                else "") if t["trained"] else "up to date"))
+            done + (f", held-out tau {t['held_out_tau']:.2f}" if t["held_out_tau"] is not None
+                    else "") if t["trained"] else "up to date"))
     word = "resumed" if result.resumed else "new"
     lines.append(f"job {result.job_key} ({word}) in {result.elapsed_s:.1f} s -> {result.url}")
     return "\n".join(lines)

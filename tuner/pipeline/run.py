@@ -149,10 +149,12 @@ class JobRun:
 
 def retrain(database: db.Database, device_keys: list[str], budget_s: float,
             log: Callable[[str], None]) -> list[dict]:
-    """The launch's last step: for each device it measured on, a LightGBM model trained on
-    that device's measurements (incremental: none when nothing new was measured since the
-    newest model), boosting stopped at the time budget, its held-out figure stored with it
-    for the next launch's ``sampler: auto``.  A failure is said, never fatal: what the launch
+    """The launch's last step, per device it measured on: the LightGBM model a launch there
+    uses, taught what was measured since it was trained (``costmodel.update``: a model
+    trained on many rows, the CPU dataset's, is not fitted again), else one fitted on the
+    device's measurements (incremental: none when nothing new was measured since the newest
+    model), boosting stopped at the time budget, its held-out figure stored with it for the
+    next launch's ``sampler: auto``.  A failure is said, never fatal: what the launch
     measured is stored already."""
     import costmodel
 
@@ -160,24 +162,31 @@ def retrain(database: db.Database, device_keys: list[str], budget_s: float,
     share = budget_s / max(1, len(device_keys))
     for key in device_keys:
         try:
-            res = costmodel.train(database, device_key=key, kind="gbdt",
-                                  options={"time_budget_s": share / 2},
-                                  min_rows=MIN_TRAIN_ROWS)
+            res = (costmodel.update(database, key, time_budget_s=share / 2)
+                   or costmodel.train(database, device_key=key, kind="gbdt",
+                                      options={"time_budget_s": share / 2},
+                                      min_rows=MIN_TRAIN_ROWS))
         except ValueError as err:
             log(f"cost model: not retrained for {key}: {err}")
             out.append({"model_id": None, "device_key": key, "trained": False, "rows": None,
                         "seconds": None, "held_out_tau": None, "reason": str(err)})
             continue
+        tau = res.get("held_out", {}).get(key, {}).get("kendall_tau")
         if not res["trained"]:
             log(f"cost model {res['model_id']} for {key}: up to date (nothing new measured)")
+        elif res.get("updated"):
+            before = res["before"].get("kendall_tau")
+            log(f"cost model {res['model_id']} (gbdt): model {res['from']} taught the "
+                f"{res['new_rows']} new measurements of {key} in {res['seconds']} s"
+                + (f" (it had ranked them at tau {before:.2f})" if before is not None else ""))
         else:
-            tau = res["held_out"].get(key, {}).get("kendall_tau")
             log(f"cost model {res['model_id']} (gbdt) retrained for {key} on {res['rows']} "
                 f"measurements in {res['seconds']} s"
                 + (f"; held-out tau {tau:.2f}" if tau is not None else ""))
         out.append({k: res.get(k) for k in ("model_id", "device_key", "trained", "rows",
                                             "seconds")}
-                   | {"held_out_tau": res.get("held_out", {}).get(key, {}).get("kendall_tau")})
+                   | {"held_out_tau": tau, "updated_from": res.get("from"),
+                      "new_rows": res.get("new_rows")})
     return out
 
 

@@ -1,0 +1,119 @@
+"""The retrain at a launch's end on a model trained on many rows (``costmodel.update``): the
+model a launch uses is taught what was measured since, in place of fitting the whole database
+again; a full model and its newest update are kept; ``tuner model train`` still fits in full."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import shared_cache
+
+import costmodel
+import db
+from costmodel import evaluate, load_model, samples_from_rows
+from tuner.pipeline.run import retrain
+
+REAL = shared_cache("dedispersion", "A4000")
+KEY = "replay:NVIDIA RTX A4000"
+pytestmark = pytest.mark.skipif(not REAL.exists(), reason=f"no Kernel Tuner cache at {REAL}")
+
+
+def part(tmp_path: Path, start: int, every: int = 8) -> Path:
+    """Every ``every``-th configuration of a real dedispersion cache (A4000) from ``start``:
+    parts of one space, as later launches would measure more of it."""
+    doc = json.loads(gzip.decompress(REAL.read_bytes()))
+    doc["cache"] = dict(list(doc["cache"].items())[start::every])
+    path = tmp_path / f"A4000_{start}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return path
+
+
+def tau_on_new(database: db.Database, model_blob: bytes, after: int) -> float:
+    rows = db.training_rows(database, KEY, after=after)
+    samples = samples_from_rows(rows)
+    got = evaluate([s.group for s in samples], [s.seconds for s in samples],
+                   load_model(model_blob).predict(samples))
+    return got["kendall_tau"]
+
+
+def test_a_model_is_taught_new_measurements_and_only_its_newest_update_is_kept(tmp_path):
+    with db.connect(f"sqlite:///{tmp_path / 'u.db'}") as database:
+        costmodel.import_kernel_tuner(database, part(tmp_path, 0))
+        full = costmodel.train(database, kind="gbdt", options={"trees": 60, "leaves": 15})
+        first_rows = full["rows"]
+        assert costmodel.update(database, KEY, from_rows=100)["trained"] is False  # nothing new
+        # fewer rows than ``from_rows``: not taught, fitted again by the caller
+        costmodel.import_kernel_tuner(database, part(tmp_path, 1))
+        assert costmodel.update(database, KEY, from_rows=first_rows + 1) is None
+
+        before_blob = db.best_model(database, KEY).weights
+        out = costmodel.update(database, KEY, from_rows=100)
+        assert out["updated"] and out["from"] == full["model_id"]
+        assert out["device_key"] == db.ALL_DEVICES  # the model taught keeps its key
+        assert out["new_rows"] == len(db.training_rows(database, KEY, after=full[
+            "newest_measurement"]))
+        assert out["rows"] == first_rows + out["new_rows"]
+        assert -1 <= out["before"]["kendall_tau"] <= 1
+        taught = db.best_model(database, KEY)
+        assert taught.id == out["model_id"] and taught.trained_on["full_fit"] == full["model_id"]
+        assert taught.metrics["update"]["before"] == out["before"]
+        assert taught.metrics["held_out"] == full["held_out"]  # the base's, said as such
+        # it learned the new configs: ranks them better than before it was taught
+        after = full["newest_measurement"]
+        assert tau_on_new(database, taught.weights, after) > \
+            tau_on_new(database, before_blob, after) + 0.05
+        model = load_model(taught.weights)
+        assert model.level.num_trees() == 60 + costmodel.UPDATE_TREES
+
+        # another launch's update replaces the first update; the full fit stays
+        costmodel.import_kernel_tuner(database, part(tmp_path, 2))
+        again = costmodel.update(database, KEY, from_rows=100)
+        assert again["from"] == out["model_id"] and again["model_id"] > out["model_id"]
+        ids = sorted(m.id for m in db.models(database))
+        assert ids == [full["model_id"], again["model_id"]]
+
+        # ``tuner model train`` fits in full after an update: it is not "up to date"
+        refit = costmodel.train(database, kind="gbdt", options={"trees": 20, "leaves": 15})
+        assert refit["trained"] and refit["rows"] == again["rows"]
+        assert "full_fit" not in db.best_model(database, KEY).trained_on
+
+
+def test_a_launch_retrain_teaches_the_model_it_used(tmp_path, monkeypatch):
+    """``retrain`` (the launch's last step): the model a launch on the device uses is taught,
+    and what it did is said in one line."""
+    monkeypatch.setattr(costmodel._update, "UPDATE_FROM_ROWS", 100)
+    with db.connect(f"sqlite:///{tmp_path / 'r.db'}") as database:
+        costmodel.import_kernel_tuner(database, part(tmp_path, 0))
+        full = costmodel.train(database, kind="gbdt", options={"trees": 30, "leaves": 15})
+        costmodel.import_kernel_tuner(database, part(tmp_path, 3))
+        said: list[str] = []
+        (done,) = retrain(database, [KEY], 30.0, said.append)
+        assert done["updated_from"] == full["model_id"] and done["trained"]
+        assert done["new_rows"] > 0 and done["held_out_tau"] is not None
+        assert f"model {full['model_id']} taught the {done['new_rows']} new measurements" \
+            in said[-1] and "it had ranked them at tau" in said[-1]
+        assert np.isfinite(done["seconds"])
+
+
+def test_old_structures_learned_again_beside_the_new_are_drawn_whole_and_seeded():
+    from costmodel._update import _replayed
+
+    counts = {f"s{i}": 10 for i in range(50)}
+    picked = _replayed(counts, {"s0", "s1"}, 95, seed=7)
+    assert not picked & {"s0", "s1"} and len(picked) == 10  # whole structures to >= 95 rows
+    assert picked == _replayed(counts, {"s0", "s1"}, 95, seed=7)
+    assert picked != _replayed(counts, {"s0", "s1"}, 95, seed=8)
+    assert _replayed(counts, set(counts), 95, seed=7) == set()  # nothing else learned
+
+
+def test_the_retrain_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys):
+    from support import load_script
+
+    bench = load_script("benchmarks/retrain.py")
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert bench.main(["--db", url, "--device", KEY]) == 2
+    assert f"no ok measurements of {KEY!r}" in capsys.readouterr().err
