@@ -82,7 +82,10 @@ def update(database: db.Database, device_key: str, *, time_budget_s: float | Non
     trained_on = {**base.trained_on, "rows": rows_before + len(new),
                   "newest_measurement": max(int(base.trained_on.get("newest_measurement", 0)),
                                             newest),
-                  "newest_by_device": {**base.trained_on.get("newest_by_device", {}),
+                  # per device: a launch on another device must still find its rows measured
+                  # between the full fit and this update new
+                  "newest_by_device": {**{d: _seen(base.trained_on, d)
+                                          for d in base.trained_on.get("devices", ())},
                                        device_key: newest},
                   "full_fit": base.trained_on.get("full_fit", base.id),
                   "updates": int(base.trained_on.get("updates", 0)) + 1,

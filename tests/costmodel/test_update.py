@@ -117,3 +117,30 @@ def test_the_retrain_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     assert bench.main(["--db", url, "--device", KEY]) == 2
     assert f"no ok measurements of {KEY!r}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not shared_cache("dedispersion", "A6000").exists(),
+                    reason="no Kernel Tuner caches")
+def test_a_model_of_every_device_taught_one_device_still_finds_anothers_new_rows(tmp_path):
+    other = shared_cache("dedispersion", "A6000")
+    doc = json.loads(gzip.decompress(other.read_bytes()))
+    with db.connect(f"sqlite:///{tmp_path / 'two.db'}") as database:
+        def other_part(start: int) -> Path:
+            d = dict(doc, cache=dict(list(doc["cache"].items())[start::8]))
+            path = tmp_path / f"A6000_{start}.json.gz"
+            path.write_bytes(gzip.compress(json.dumps(d).encode()))
+            return path
+
+        costmodel.import_kernel_tuner(database, part(tmp_path, 0))
+        costmodel.import_kernel_tuner(database, other_part(0))
+        full = costmodel.train(database, kind="gbdt", options={"trees": 20, "leaves": 15})
+        (key_b,) = set(full["devices"]) - {KEY}
+        costmodel.import_kernel_tuner(database, other_part(1))  # B measured first ...
+        costmodel.import_kernel_tuner(database, part(tmp_path, 1))  # ... then A
+        first = costmodel.update(database, KEY, from_rows=100)
+        assert first["updated"]
+        second = costmodel.update(database, key_b, from_rows=100)
+        assert second["updated"] and second["from"] == first["model_id"]
+        assert second["new_rows"] == len(db.training_rows(database, key_b, after=full[
+            "newest_measurement"]))
+        assert costmodel.update(database, KEY, from_rows=100)["trained"] is False
