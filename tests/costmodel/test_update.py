@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import shared_cache
+from support import run_cli, shared_cache
 
 import costmodel
 import db
@@ -76,6 +76,10 @@ def test_a_model_is_taught_new_measurements_and_only_its_newest_update_is_kept(t
         ids = sorted(m.id for m in db.models(database))
         assert ids == [full["model_id"], again["model_id"]]
 
+        listed = run_cli("model", "list", "--db", f"sqlite:///{tmp_path / 'u.db'}")
+        assert listed.returncode == 0, listed.stderr
+        assert (f"model {full['model_id']} taught the launches' measurements since (2 update(s)"
+                in listed.stdout)
         # ``tuner model train`` fits in full after an update: it is not "up to date"
         refit = costmodel.train(database, kind="gbdt", options={"trees": 20, "leaves": 15})
         assert refit["trained"] and refit["rows"] == again["rows"]

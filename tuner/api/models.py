@@ -210,4 +210,6 @@ def list_models(url: str | None) -> list[dict]:
     return [{"id": m.id, "kind": m.kind, "device_key": m.device_key, "created_at":
              m.created_at.isoformat(), **m.trained_on,
              "held_out": m.metrics.get("held_out") or {},
-             "zero_shot": m.metrics.get("zero_shot") or {}} for m in found]
+             "zero_shot": m.metrics.get("zero_shot") or {},
+             **({"update": m.metrics["update"]} if "update" in m.metrics else {})}
+            for m in found]

@@ -259,4 +259,7 @@ def _figures(row: dict) -> str:
         if len(found) > len(taus):
             out.append(f"{len(found) - len(taus)} device(s) with under {MIN_HELD_OUT} held-out "
                        "configs (not trusted)")
+    if row.get("full_fit") is not None:  # a launch's update (``costmodel.update``)
+        out.append(f"model {row['full_fit']} taught the launches' measurements since "
+                   f"({row.get('updates', 1)} update(s); the held-out figures are its)")
     return "; ".join(out) or "no held-out figure"
