@@ -148,3 +148,16 @@ def test_a_model_of_every_device_taught_one_device_still_finds_anothers_new_rows
         assert second["new_rows"] == len(db.training_rows(database, key_b, after=full[
             "newest_measurement"]))
         assert costmodel.update(database, KEY, from_rows=100)["trained"] is False
+
+
+def test_a_retrain_that_fails_is_said_and_the_launch_goes_on(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("LightGBM ran out of memory")
+
+    monkeypatch.setattr(costmodel, "update", broken)
+    said: list[str] = []
+    with db.connect(f"sqlite:///{tmp_path / 'f.db'}") as database:
+        (done,) = retrain(database, [KEY], 30.0, said.append)
+    assert not done["trained"] and done["reason"] == "RuntimeError: LightGBM ran out of memory"
+    assert said == [f"cost model: not retrained for {KEY}: RuntimeError: LightGBM ran out of "
+                    "memory"]

@@ -166,10 +166,11 @@ def retrain(database: db.Database, device_keys: list[str], budget_s: float,
                    or costmodel.train(database, device_key=key, kind="gbdt",
                                       options={"time_budget_s": share / 2},
                                       min_rows=MIN_TRAIN_ROWS))
-        except ValueError as err:
-            log(f"cost model: not retrained for {key}: {err}")
+        except Exception as err:  # noqa: BLE001 - said, never fatal (a LightGBM error too)
+            why = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+            log(f"cost model: not retrained for {key}: {why}")
             out.append({"model_id": None, "device_key": key, "trained": False, "rows": None,
-                        "seconds": None, "held_out_tau": None, "reason": str(err)})
+                        "seconds": None, "held_out_tau": None, "reason": why})
             continue
         tau = res.get("held_out", {}).get(key, {}).get("kendall_tau")
         if not res["trained"]:
