@@ -41,71 +41,87 @@ REPLAY, REPLAY_MIN = 2, 2000  # old rows learned again beside the new: this many
 def update(database: db.Database, device_key: str, *, time_budget_s: float | None = None,
            from_rows: int | None = None, progress: Callable[[str], None] | None = None
            ) -> dict | None:
-    """Teach the stored LightGBM model a launch on ``device_key`` would use the measurements
-    of ``device_key`` taken since it was trained, and store it.  None where there is no such
-    model to teach — none trained on the device, one for older features, one trained on
-    fewer than ``from_rows`` (default ``UPDATE_FROM_ROWS``) rows, or more new rows than it
+    """Teach the full fit behind the stored LightGBM model a launch on ``device_key`` would
+    use every measurement taken since it was fitted (of each device it trained on), and store
+    it in place of that model's earlier update: always the full fit plus one update's trees,
+    so neither the model nor a launch's retrain grows with the launches.  None where there is
+    no such model to teach — none trained on the device, one for older features, one trained
+    on fewer than ``from_rows`` (default ``UPDATE_FROM_ROWS``) rows, or more new rows than it
     was trained on — and the caller fits one (``costmodel.train``)."""
-    base = _base(database, device_key, UPDATE_FROM_ROWS if from_rows is None else from_rows)
-    if base is None:
+    chosen = _base(database, device_key, UPDATE_FROM_ROWS if from_rows is None else from_rows)
+    if chosen is None:
         return None
-    since = _seen(base.trained_on, device_key)
     newest = db.newest_measurement_id(database, device_key)
-    rows_before = int(base.trained_on.get("rows", 0))
-    if newest <= since:
-        return {"model_id": base.id, "kind": base.kind, "device_key": base.device_key,
+    if newest <= _seen(chosen.trained_on, device_key):
+        return {"model_id": chosen.id, "kind": chosen.kind, "device_key": chosen.device_key,
                 "trained": False, "updated": False,
                 "reason": "up to date: no new measurements since this model was trained",
-                **base.trained_on}
+                **chosen.trained_on}
+    full = _full_fit(database, chosen)
     start = time.perf_counter()
-    new = db.training_rows(database, device_key, after=since)
-    if not new or len(new) > rows_before:
+    devices = list(full.trained_on.get("devices", ()))
+    new = {d: db.training_rows(database, d, after=_seen(full.trained_on, d)) for d in devices}
+    count = sum(map(len, new.values()))
+    rows_before = int(full.trained_on.get("rows", 0))
+    if count > rows_before:
         return None
-    touched = {r.structure_hash for r in new}
-    replayed = _replayed(db.measured_structures(database, device_key), touched,
-                         max(REPLAY_MIN, REPLAY * len(new)), seed=newest)
-    rows = db.training_rows(database, device_key, structures=touched | replayed)
+    touched = {d: {r.structure_hash for r in got} for d, got in new.items() if got}
+    if device_key not in touched:  # only measurements the model does not learn from (retries)
+        return {"model_id": chosen.id, "kind": chosen.kind, "device_key": chosen.device_key,
+                "trained": False, "updated": False,
+                "reason": "up to date: no new measurements to learn from",
+                **chosen.trained_on}
+    replayed = _replayed(db.measured_structures(database, device_key), touched[device_key],
+                         max(REPLAY_MIN, REPLAY * count), seed=newest)
+    rows = [r for d, hashes in touched.items() for r in db.training_rows(
+        database, d, structures=hashes | (replayed if d == device_key else set()))]
     if progress:
-        progress(f"teaching model {base.id} {len(new)} new measurements ({len(rows)} rows of "
-                 f"{len(touched)} structures and {len(replayed)} it learned before)")
+        progress(f"teaching model {full.id} the {count} measurements since it was fitted "
+                 f"({len(rows)} rows of {sum(map(len, touched.values()))} structures and "
+                 f"{len(replayed)} it learned before)")
     samples = samples_from_rows(rows)
-    fresh = {r.measurement_id for r in new}
-    new_samples = [s for s, r in zip(samples, rows, strict=True) if r.measurement_id in fresh]
-    model = load_model(db.with_weights(database, base).weights)
+    fresh = {r.measurement_id for got in new.values() for r in got}
+    mine = {r.measurement_id for r in new[device_key]}
+    model = load_model(db.with_weights(database, full).weights)
     if not isinstance(model, GbdtModel):
         return None
-    before = _finite(evaluate([s.group for s in new_samples], [s.seconds for s in new_samples],
-                              model.predict(new_samples)))
-    model.update(samples, trees=UPDATE_TREES, time_budget_s=time_budget_s,
-                 progress=progress)
+    # how the model it replaces ranked this launch's rows, before it learned them
+    unseen = [s for s, r in zip(samples, rows, strict=True) if r.measurement_id in mine
+              and r.measurement_id > _seen(chosen.trained_on, device_key)]
+    used = model if chosen.id == full.id else load_model(db.with_weights(database, chosen).weights)
+    before = _finite(evaluate([s.group for s in unseen], [s.seconds for s in unseen],
+                              used.predict(unseen)))
+    model.update(samples, trees=UPDATE_TREES, time_budget_s=time_budget_s, progress=progress)
     seconds = round(time.perf_counter() - start, 2)
-    trained_on = {**base.trained_on, "rows": rows_before + len(new),
-                  "newest_measurement": max(int(base.trained_on.get("newest_measurement", 0)),
-                                            newest),
-                  # per device: a launch on another device must still find its rows measured
-                  # between the full fit and this update new
-                  "newest_by_device": {**{d: _seen(base.trained_on, d)
-                                          for d in base.trained_on.get("devices", ())},
-                                       device_key: newest},
-                  "full_fit": base.trained_on.get("full_fit", base.id),
-                  "updates": int(base.trained_on.get("updates", 0)) + 1,
+    trained_on = {**full.trained_on, "rows": rows_before + count,
+                  "newest_measurement": max(int(full.trained_on.get("newest_measurement", 0)),
+                                            max(fresh)),
+                  # per device: a device's rows measured before another device's update are
+                  # still new to it
+                  "newest_by_device": {d: max([_seen(full.trained_on, d)]
+                                              + [r.measurement_id for r in new[d]])
+                                       for d in devices},
+                  "full_fit": full.id, "updates": int(chosen.trained_on.get("updates", 0)) + 1,
                   "seconds": seconds}
-    metrics = {**base.metrics, "update": {"from": base.id, "rows": len(new),
-                                          "groups": len(touched), "before": before}}
-    replaces = base.id if "full_fit" in base.trained_on else None  # an update's update
-    model_id = db.save_model(database, kind=base.kind, device_key=base.device_key,
+    metrics = {**full.metrics, "update": {"from": chosen.id, "rows": count,
+                                          "launch_rows": len(unseen),
+                                          "groups": sum(map(len, touched.values())),
+                                          "before": before}}
+    replaces = chosen.id if chosen.id != full.id else None  # the full fit's earlier update
+    model_id = db.save_model(database, kind=full.kind, device_key=full.device_key,
                              feature_version=FEATURE_VERSION, weights=model.to_bytes(),
                              trained_on=trained_on, metrics=metrics, replaces=replaces)
-    return {"model_id": model_id, "kind": base.kind, "device_key": base.device_key,
-            "trained": True, "updated": True, "from": base.id, "new_rows": len(new),
-            "rows": trained_on["rows"], "seconds": seconds, "before": before,
-            "held_out": base.metrics.get("held_out", {})}
+    return {"model_id": model_id, "kind": full.kind, "device_key": full.device_key,
+            "trained": True, "updated": True, "from": chosen.id, "full_fit": full.id,
+            "new_rows": len(unseen), "since_full_fit": count, "rows": trained_on["rows"],
+            "seconds": seconds, "before": before, "held_out": full.metrics.get("held_out", {})}
 
 
 def _base(database: db.Database, device_key: str, from_rows: int) -> db.ModelRecord | None:
-    """The LightGBM model to teach: of the newest of the device's own and the newest of every
-    device (what a launch weighs), those trained on the device with the current features,
-    the one trained on more rows; None where that is fewer than ``from_rows``."""
+    """The LightGBM model a launch on the device uses, to teach: of the newest of the
+    device's own and the newest of every device (what a launch weighs), those trained on the
+    device with the current features, the one trained on more rows; None where that is
+    fewer than ``from_rows``."""
     newest: dict[str, db.ModelRecord] = {}
     for m in db.models(database, device_key, "gbdt", with_weights=False):
         newest.setdefault(m.device_key, m)
@@ -115,6 +131,17 @@ def _base(database: db.Database, device_key: str, from_rows: int) -> db.ModelRec
     if best is None or int(best.trained_on.get("rows", 0)) < from_rows:
         return None
     return best
+
+
+def _full_fit(database: db.Database, model: db.ModelRecord) -> db.ModelRecord:
+    """The full fit an update was made from (itself for a full fit; the update itself where
+    its full fit was deleted: it is then taught as if it were one)."""
+    fit = model.trained_on.get("full_fit")
+    if fit is None:
+        return model
+    found = [m for m in db.models(database, model.device_key, model.kind, with_weights=False)
+             if m.id == fit]
+    return found[0] if found else model
 
 
 def _replayed(counts: dict[str, int], touched: set[str], rows: int, *, seed: int) -> set[str]:

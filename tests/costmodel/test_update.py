@@ -22,9 +22,11 @@ KEY = "replay:NVIDIA RTX A4000"
 pytestmark = pytest.mark.skipif(not REAL.exists(), reason=f"no Kernel Tuner cache at {REAL}")
 
 
-def part(tmp_path: Path, start: int, every: int = 8) -> Path:
+def part(tmp_path: Path, start: int, every: int = 16) -> Path:
     """Every ``every``-th configuration of a real dedispersion cache (A4000) from ``start``:
-    parts of one space, as later launches would measure more of it."""
+    parts of one space, as later launches would measure more of it (the first, every 4th
+    from 0, holds more than the later ones together: a model is taught fewer rows than it
+    was fitted on)."""
     doc = json.loads(gzip.decompress(REAL.read_bytes()))
     doc["cache"] = dict(list(doc["cache"].items())[start::every])
     path = tmp_path / f"A4000_{start}.json.gz"
@@ -42,7 +44,7 @@ def tau_on_new(database: db.Database, model_blob: bytes, after: int) -> float:
 
 def test_a_model_is_taught_new_measurements_and_only_its_newest_update_is_kept(tmp_path):
     with db.connect(f"sqlite:///{tmp_path / 'u.db'}") as database:
-        costmodel.import_kernel_tuner(database, part(tmp_path, 0))
+        costmodel.import_kernel_tuner(database, part(tmp_path, 0, every=4))
         full = costmodel.train(database, kind="gbdt", options={"trees": 60, "leaves": 15})
         first_rows = full["rows"]
         assert costmodel.update(database, KEY, from_rows=100)["trained"] is False  # nothing new
@@ -73,6 +75,11 @@ def test_a_model_is_taught_new_measurements_and_only_its_newest_update_is_kept(t
         costmodel.import_kernel_tuner(database, part(tmp_path, 2))
         again = costmodel.update(database, KEY, from_rows=100)
         assert again["from"] == out["model_id"] and again["model_id"] > out["model_id"]
+        # taught from the full fit again, every row since: the model does not grow per launch
+        assert again["full_fit"] == full["model_id"]
+        assert again["since_full_fit"] == out["new_rows"] + again["new_rows"]
+        assert load_model(db.best_model(database, KEY).weights).level.num_trees() == \
+            60 + costmodel.UPDATE_TREES
         ids = sorted(m.id for m in db.models(database))
         assert ids == [full["model_id"], again["model_id"]]
 
@@ -91,15 +98,16 @@ def test_a_launch_retrain_teaches_the_model_it_used(tmp_path, monkeypatch):
     and what it did is said in one line."""
     monkeypatch.setattr(costmodel._update, "UPDATE_FROM_ROWS", 100)
     with db.connect(f"sqlite:///{tmp_path / 'r.db'}") as database:
-        costmodel.import_kernel_tuner(database, part(tmp_path, 0))
+        costmodel.import_kernel_tuner(database, part(tmp_path, 0, every=4))
         full = costmodel.train(database, kind="gbdt", options={"trees": 30, "leaves": 15})
         costmodel.import_kernel_tuner(database, part(tmp_path, 3))
         said: list[str] = []
         (done,) = retrain(database, [KEY], 30.0, said.append)
         assert done["updated_from"] == full["model_id"] and done["trained"]
         assert done["new_rows"] > 0 and done["held_out_tau"] is not None
-        assert f"model {full['model_id']} taught the {done['new_rows']} new measurements" \
-            in said[-1] and "it had ranked them at tau" in said[-1]
+        assert (f"model {full['model_id']} taught the {done['new_rows']} measurements since it "
+                f"was fitted, {done['new_rows']} of them new on {KEY}") in said[-1]
+        assert f"(model {full['model_id']} had ranked those at tau" in said[-1]
         assert np.isfinite(done["seconds"])
 
 
@@ -125,28 +133,35 @@ def test_the_retrain_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys
 
 @pytest.mark.skipif(not shared_cache("dedispersion", "A6000").exists(),
                     reason="no Kernel Tuner caches")
-def test_a_model_of_every_device_taught_one_device_still_finds_anothers_new_rows(tmp_path):
+def test_a_model_of_every_device_is_taught_every_devices_rows_since_its_full_fit(tmp_path):
     other = shared_cache("dedispersion", "A6000")
     doc = json.loads(gzip.decompress(other.read_bytes()))
     with db.connect(f"sqlite:///{tmp_path / 'two.db'}") as database:
-        def other_part(start: int) -> Path:
-            d = dict(doc, cache=dict(list(doc["cache"].items())[start::8]))
+        def other_part(start: int, every: int = 16) -> Path:
+            d = dict(doc, cache=dict(list(doc["cache"].items())[start::every]))
             path = tmp_path / f"A6000_{start}.json.gz"
             path.write_bytes(gzip.compress(json.dumps(d).encode()))
             return path
 
-        costmodel.import_kernel_tuner(database, part(tmp_path, 0))
-        costmodel.import_kernel_tuner(database, other_part(0))
+        costmodel.import_kernel_tuner(database, part(tmp_path, 0, every=4))
+        costmodel.import_kernel_tuner(database, other_part(0, every=4))
         full = costmodel.train(database, kind="gbdt", options={"trees": 20, "leaves": 15})
         (key_b,) = set(full["devices"]) - {KEY}
         costmodel.import_kernel_tuner(database, other_part(1))  # B measured first ...
         costmodel.import_kernel_tuner(database, part(tmp_path, 1))  # ... then A
         first = costmodel.update(database, KEY, from_rows=100)
-        assert first["updated"]
+        since = full["newest_measurement"]
+        b_rows = len(db.training_rows(database, key_b, after=since))
+        a_rows = len(db.training_rows(database, KEY, after=since))
+        # the model of every device learns each device's rows since its full fit
+        assert first["updated"] and first["since_full_fit"] == a_rows + b_rows
+        assert first["new_rows"] == a_rows
+        assert costmodel.update(database, key_b, from_rows=100)["trained"] is False
+        costmodel.import_kernel_tuner(database, other_part(2))
         second = costmodel.update(database, key_b, from_rows=100)
         assert second["updated"] and second["from"] == first["model_id"]
-        assert second["new_rows"] == len(db.training_rows(database, key_b, after=full[
-            "newest_measurement"]))
+        b_new = len(db.training_rows(database, key_b, after=since)) - b_rows
+        assert second["new_rows"] == b_new and second["since_full_fit"] == a_rows + b_rows + b_new
         assert costmodel.update(database, KEY, from_rows=100)["trained"] is False
 
 

@@ -94,9 +94,9 @@ def format_summary(result: LaunchResult) -> str:
         if t.get("reason"):
             lines.append(f"cost model for {t['device_key']}: not retrained ({t['reason']})")
             continue
-        if t.get("updated_from") is not None:
-            done = (f"model {t['updated_from']} taught {t['new_rows']} new measurements in "
-                    f"{t['seconds']} s")
+        if t.get("full_fit") is not None:
+            done = (f"model {t['full_fit']} taught what was measured since it was fitted "
+                    f"({t['new_rows']} new) in {t['seconds']} s")
         else:
             done = f"retrained on {t['rows']} measurements in {t['seconds']} s"
         lines.append(f"cost model {t['model_id']} for {t['device_key']}: " + (

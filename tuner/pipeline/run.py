@@ -177,9 +177,11 @@ def retrain(database: db.Database, device_keys: list[str], budget_s: float,
             log(f"cost model {res['model_id']} for {key}: up to date (nothing new measured)")
         elif res.get("updated"):
             before = res["before"].get("kendall_tau")
-            log(f"cost model {res['model_id']} (gbdt): model {res['from']} taught the "
-                f"{res['new_rows']} new measurements of {key} in {res['seconds']} s"
-                + (f" (it had ranked them at tau {before:.2f})" if before is not None else ""))
+            log(f"cost model {res['model_id']} (gbdt): model {res['full_fit']} taught the "
+                f"{res['since_full_fit']} measurements since it was fitted, {res['new_rows']} "
+                f"of them new on {key}, in {res['seconds']} s"
+                + (f" (model {res['from']} had ranked those at tau {before:.2f})"
+                   if before is not None else ""))
         else:
             log(f"cost model {res['model_id']} (gbdt) retrained for {key} on {res['rows']} "
                 f"measurements in {res['seconds']} s"
@@ -187,7 +189,7 @@ def retrain(database: db.Database, device_keys: list[str], budget_s: float,
         out.append({k: res.get(k) for k in ("model_id", "device_key", "trained", "rows",
                                             "seconds")}
                    | {"held_out_tau": tau, "updated_from": res.get("from"),
-                      "new_rows": res.get("new_rows")})
+                      "full_fit": res.get("full_fit"), "new_rows": res.get("new_rows")})
     return out
 
 
