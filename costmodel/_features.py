@@ -209,12 +209,13 @@ class StoredConfigs:
 
 def featurize(structure: KernelGraph, config: Mapping[str, int] | None, spec: DeviceSpec, *,
               group: str = "", program: str = "", device: str = "",
-              known_device: bool = True) -> Sample:
+              known_device: bool = True, binds: dict | None = None) -> Sample:
     """The sample of ``structure`` bound by ``config`` on ``spec`` (lowered once);
-    ``known_device`` False: ``spec`` is a sibling's row (``costmodel._devices``)."""
+    ``known_device`` False: ``spec`` is a sibling's row (``costmodel._devices``); ``binds``:
+    a caller's cache of ``structure``'s bound graphs (``concretize``), one per structure."""
     # bound once: the lowering and the estimate take the bound graph (each bound it again:
     # a model-guided launch featurizes every candidate of a study, ~7,000 in four programs)
-    bound, symbols, knobs = concretize(structure, config, spec)
+    bound, symbols, knobs = concretize(structure, config, spec, binds)
     plan = lower(bound, {**symbols, **knobs}, spec, "cm")
     kfeat, levels = _kernel_features(plan, spec), _levels(plan)
     est = estimate(bound, plan.config, spec, plan)

@@ -73,8 +73,14 @@ def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
     graphs: dict[str, KernelGraph] = {}
     profiles: dict[str, DeviceProfile] = {}
     stored = StoredConfigs()
+    # the bound graphs of the structure at hand by symbols (``concretize``): a structure's rows
+    # come together (measured together), and keeping every structure's would hold them all
+    binds: dict = {}
+    binds_of = None
     out = []
     for r in rows:
+        if r.structure_hash != binds_of:
+            binds, binds_of = {}, r.structure_hash
         p = profiles.get(r.device_key) or profiles.setdefault(r.device_key,
                                                               device_profile(r.device_key))
         group = group_name(r.structure_hash, r.device_key)
@@ -86,7 +92,8 @@ def samples_from_rows(rows: Sequence[db.TrainingRow]) -> list[Sample]:
             graph = graphs.get(r.structure_hash) or graphs.setdefault(
                 r.structure_hash, from_obj(r.structure))
             s = featurize(graph, r.config, p.spec, group=group, program=r.program,
-                          device=r.device_key, known_device=p.known)
+                          device=r.device_key, known_device=p.known,
+                          binds=binds)
             s.config = stored.canonical(graph, r.structure_hash, p.spec, s.config)
         s.seconds = r.median_s
         out.append(s)

@@ -137,9 +137,12 @@ def _choose_triton(plan: KernelPlan) -> None:
     plan.dialect = "triton"
 
 
-def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: DeviceSpec
-               ) -> tuple[KernelGraph, dict[str, int], dict[str, int]]:
-    """(bound graph, symbol bindings, mapping knobs); defaults from the AStitch rule."""
+def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: DeviceSpec,
+               binds: dict | None = None) -> tuple[KernelGraph, dict[str, int], dict[str, int]]:
+    """(bound graph, symbol bindings, mapping knobs); defaults from the AStitch rule.
+    ``binds``: the bound graphs of ``graph`` by their symbols, kept across calls by a caller
+    that lowers many configs of one structure (the cost model featurizing a space: configs
+    differing only in knobs bind the same symbols)."""
     symbols, knobs = split_config(config)
     structure_symbols = graph.symbols()
     if not structure_symbols:
@@ -155,7 +158,13 @@ def concretize(graph: KernelGraph, config: MappingT[str, int] | None, spec: Devi
                          f"symbols {sorted(structure_symbols)} (missing {missing}, unknown "
                          f"{extra}; knobs are {', '.join(KNOBS)}); omit the symbols "
                          "to use the AStitch default")
-    return graph.bind(symbols), symbols, knobs
+    if binds is None:
+        return graph.bind(symbols), symbols, knobs
+    key = tuple(sorted(symbols.items()))
+    bound = binds.get(key)
+    if bound is None:
+        bound = binds[key] = graph.bind(symbols)
+    return bound, symbols, knobs
 
 
 def _program_dtype(graph: KernelGraph) -> str:

@@ -140,7 +140,9 @@ def test_sampler_model_falls_back_without_a_model_then_uses_the_trained_one(tmp_
         out = costmodel.train(database, kind="gbdt", options={"trees": 50})
     studies = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
     asked = len(studies.trials)
-    assert out["trained"] and out["rows"] >= 4
+    # how many of the 6 trials are timed, not skipped by the roofline bound, depends on the
+    # timings (3 in one CI run on a loaded machine): enough to fit a model is what counts
+    assert out["trained"] and out["rows"] >= 2
     second = launch(10)
     assert second.returncode == 0, second.stderr
     assert f"cost model {out['model_id']} (gbdt" in second.stdout + second.stderr

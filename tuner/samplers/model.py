@@ -380,10 +380,11 @@ def _featurized(structure: Any, configs: Sequence[dict], spec: Any, *, device_ke
     group = group_name(structure_hash, device_key)
     kept: list[dict] = []
     samples: list[Sample] = []
+    binds: dict = {}  # configs differing only in knobs bind the same graph (``concretize``)
     for c in configs:
         try:
             samples.append(featurize(structure, c, spec, group=group, program=program,
-                                     device=device_key, known_device=known))
+                                     device=device_key, known_device=known, binds=binds))
         except ValueError:
             continue
         kept.append(c)
