@@ -4,18 +4,19 @@ not fitted again.
 Fitting again costs what the whole database costs: on the CPU dataset (78,337 rows of one
 CPU) 43 s to featurize and ~50 s to boost under the launch's 30 s budget (two fits: the
 held-out check and the model), and the model that comes out, its boosting cut at the budget,
-is worse than the one ``tuner model train`` made (held-out tau 0.724 against 0.760 on the
-same rows), so ``sampler: auto`` kept the old one and the launch's measurements reached no
-model a launch uses.  ``update`` instead loads the model a launch on the device would use,
-featurizes only the structures that gained measurements (all their rows: a ranking needs the
-whole group), boosts ``UPDATE_TREES`` more trees per booster from its predictions on them and
-takes their measured ranks, and stores it as a model of the same device key, replacing the
-previous update of the same base (a full model and its newest update are kept).
+is worse than the one ``tuner model train`` made (held-out tau 0.723-0.727 against 0.760 on
+the same rows), so ``sampler: auto`` kept the old one and the launch's measurements reached no
+model a launch uses.  ``update`` instead loads the full fit behind the model a launch on the
+device would use, featurizes only the structures that gained measurements since it was fitted
+(all their rows: a ranking needs the whole group) and some it learned before (replayed, so the
+new trees do not rewrite the rest), boosts ``UPDATE_TREES`` more trees per booster from its
+predictions on them, takes their measured ranks, and stores it under the same device key in
+place of the previous update (the full fit and its newest update are kept).
 
-Before teaching it, the model is scored on the new rows: configs it never saw, of the
-programs the user tunes — what the launch would have gained from it (``metrics["update"]``).
-The held-out figure ``sampler: auto`` weighs stays the base's (the update trains on no row of
-the base's held-out split but the touched groups' own)."""
+Before teaching it, the model being replaced is scored on the launch's new rows: configs it
+never saw, of the programs the user tunes (``metrics["update"]["before"]``).  The held-out
+figure ``sampler: auto`` weighs stays the full fit's, not measured again (benchmarks/retrain.py:
+on configs of structures it knew, tau moves by -0.010 to -0.021; docs/costmodel.md)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def update(database: db.Database, device_key: str, *, time_budget_s: float | Non
     """Teach the full fit behind the stored LightGBM model a launch on ``device_key`` would
     use every measurement taken since it was fitted (of each device it trained on), and store
     it in place of that model's earlier update: always the full fit plus one update's trees,
-    so neither the model nor a launch's retrain grows with the launches.  None where there is
+    so the model does not grow with the launches.  None where there is
     no such model to teach — none trained on the device, one for older features, one trained
     on fewer than ``from_rows`` (default ``UPDATE_FROM_ROWS``) rows, or more new rows than it
     was trained on — and the caller fits one (``costmodel.train``)."""
