@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import zlib
 
 from ._features import FEATURE_VERSION
 from ._gbdt import GbdtModel
@@ -35,7 +36,11 @@ def make_model(kind: str, **options) -> CostModel:
 
 
 def load_model(blob: bytes) -> CostModel:
-    """A model from ``to_bytes``; refuses one made for other features."""
+    """A model from ``to_bytes``; refuses one made for other features.  Models stored before
+    ``to_bytes`` compressed are bare pickles and read as they are (a zlib stream at level 1
+    starts 0x78 0x01, which no pickle does)."""
+    if blob[:2] == b"\x78\x01":
+        blob = zlib.decompress(blob)
     model = _Unpickler(io.BytesIO(blob)).load()  # our own database's blobs
     if getattr(model, "feature_version", None) != FEATURE_VERSION:
         raise ValueError(f"the stored model reads features of version {model.feature_version}, "

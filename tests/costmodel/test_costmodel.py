@@ -149,6 +149,17 @@ def test_a_model_stored_before_the_learned_kinds_moved_still_loads():
         assert load_model(old).kind == kind
 
 
+def test_models_stored_compressed_and_bare_both_load(tmp_path):
+    """``to_bytes`` compresses; a model a database holds from before it did is a bare pickle
+    (the default protocol) and still loads, predicting the same."""
+    samples = kernel_tuner_samples(read_kernel_tuner(kernel_tuner_cache(tmp_path)))
+    model = make_model("gbdt", trees=50)
+    model.fit(samples)
+    bare, packed = pickle.dumps(model), model.to_bytes()
+    assert len(packed) < len(bare) / 2
+    assert np.array_equal(load_model(bare).predict(samples), load_model(packed).predict(samples))
+
+
 def test_first_k_scores_the_top_of_an_order_against_random_draws():
     """The figure `sampler: auto` reads on a new GPU: the best of an order's first k configs
     against the exact mean best of k random draws (without replacement)."""
