@@ -131,6 +131,18 @@ def test_the_retrain_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys
     assert f"no ok measurements of {KEY!r}" in capsys.readouterr().err
 
 
+def test_the_new_device_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys):
+    from support import load_script
+
+    bench = load_script("benchmarks/retrain_new_device.py")
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert bench.main(["--db", url, "--base-device", KEY, "--device", "cpu:x"]) == 2
+    assert f"no ok measurements of {KEY!r}" in capsys.readouterr().err
+    assert bench.main(["--db", url, "--base-device", KEY, "--device", "cpu:x",
+                       "--launch", "0"]) == 2
+    assert "--launch and --next must be >= 1" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not shared_cache("dedispersion", "A6000").exists(),
                     reason="no Kernel Tuner caches")
 def test_a_model_of_every_device_is_taught_every_devices_rows_since_its_full_fit(tmp_path):
@@ -162,6 +174,61 @@ def test_a_model_of_every_device_is_taught_every_devices_rows_since_its_full_fit
         assert second["updated"] and second["from"] == first["model_id"]
         b_new = len(db.training_rows(database, key_b, after=since)) - b_rows
         assert second["new_rows"] == b_new and second["since_full_fit"] == a_rows + b_rows + b_new
+        assert costmodel.update(database, KEY, from_rows=100)["trained"] is False
+
+
+@pytest.mark.skipif(not shared_cache("dedispersion", "A6000").exists(),
+                    reason="no Kernel Tuner caches")
+def test_a_device_the_model_never_trained_on_teaches_the_model_of_every_device(
+        tmp_path, monkeypatch):
+    """A dataset of one device trained on, launches on another (the repository's CPU file,
+    a user's CPU): the new device's rows teach the model of every device, whose held-out
+    figure there is how it ranked each launch's rows before learning them — what the next
+    launch's ``sampler: auto`` weighs — not a model fitted on one launch's rows."""
+    from tuner.samplers.factory import held_out_tau
+
+    monkeypatch.setattr(costmodel._update, "UPDATE_FROM_ROWS", 100)
+    doc = json.loads(gzip.decompress(shared_cache("dedispersion", "A6000").read_bytes()))
+
+    def launch_of(start: int) -> Path:
+        path = tmp_path / f"A6000_{start}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(
+            dict(doc, cache=dict(list(doc["cache"].items())[start::16]))).encode()))
+        return path
+
+    with db.connect(f"sqlite:///{tmp_path / 'new.db'}") as database:
+        costmodel.import_kernel_tuner(database, part(tmp_path, 0, every=4))
+        full = costmodel.train(database, kind="gbdt", options={"trees": 30, "leaves": 15})
+        assert full["devices"] == [KEY]
+        costmodel.import_kernel_tuner(database, launch_of(0))
+        (new,) = {r.device_key for r in db.training_rows(database)} - {KEY}
+        said: list[str] = []
+        (done,) = retrain(database, [new], 30.0, said.append)
+        first_rows = len(db.training_rows(database, new))
+        assert done["updated_from"] == full["model_id"] and done["new_rows"] == first_rows
+        assert "it had never trained on this device" in said[-1] and new in said[-1]
+        assert done["device_key"] == new and done["model_device_key"] == db.ALL_DEVICES
+        taught = db.best_model(database, new)
+        assert taught.device_key == db.ALL_DEVICES and taught.trained_on["devices"] == [KEY, new]
+        figure = taught.metrics["held_out"][new]
+        assert figure["n"] == first_rows and figure["launches"] == 1
+        assert figure["kendall_tau"] == taught.metrics["update"]["before"]["kendall_tau"]
+        assert held_out_tau(taught, new) == pytest.approx(figure["kendall_tau"])
+        assert taught.metrics["held_out"][KEY] == full["held_out"][KEY]
+        assert [m.id for m in db.models(database)] == [taught.id, full["model_id"]]  # no own fit
+
+        # the next launch: taught again from the full fit, every row of the new device; the
+        # figure pools both launches' (configs the models never saw)
+        costmodel.import_kernel_tuner(database, launch_of(1))
+        again = costmodel.update(database, new, from_rows=100)
+        rows_now = len(db.training_rows(database, new))
+        assert again["from"] == taught.id and again["since_full_fit"] == rows_now
+        assert again["new_rows"] == rows_now - first_rows
+        pooled = db.best_model(database, new).metrics["held_out"][new]
+        assert pooled["n"] == rows_now and pooled["launches"] == 2
+        b = again["before"]["kendall_tau"]
+        assert pooled["kendall_tau"] == pytest.approx(
+            (figure["kendall_tau"] * first_rows + b * again["new_rows"]) / rows_now)
         assert costmodel.update(database, KEY, from_rows=100)["trained"] is False
 
 

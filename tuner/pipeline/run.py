@@ -180,15 +180,18 @@ def retrain(database: db.Database, device_keys: list[str], budget_s: float,
             log(f"cost model {res['model_id']} (gbdt): model {res['full_fit']} taught the "
                 f"{res['since_full_fit']} measurements since it was fitted, {res['new_rows']} "
                 f"of them new on {key}, in {res['seconds']} s"
-                + (f" (model {res['from']} had ranked those at tau {before:.2f})"
+                + (f" (model {res['from']} had ranked those at tau {before:.2f}"
+                   + ("; it had never trained on this device: how each update ranked the "
+                      f"rows it was then taught, tau {tau:.2f}, is its held-out figure here)"
+                      if res.get("new_device") and tau is not None else ")")
                    if before is not None else ""))
         else:
             log(f"cost model {res['model_id']} (gbdt) retrained for {key} on {res['rows']} "
                 f"measurements in {res['seconds']} s"
                 + (f"; held-out tau {tau:.2f}" if tau is not None else ""))
-        out.append({k: res.get(k) for k in ("model_id", "device_key", "trained", "rows",
-                                            "seconds")}
-                   | {"held_out_tau": tau, "updated_from": res.get("from"),
+        out.append({k: res.get(k) for k in ("model_id", "trained", "rows", "seconds")}
+                   | {"device_key": key, "model_device_key": res.get("device_key"),
+                      "held_out_tau": tau, "updated_from": res.get("from"),
                       "full_fit": res.get("full_fit"), "new_rows": res.get("new_rows")})
     return out
 
