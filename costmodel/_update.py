@@ -40,6 +40,7 @@ from ._features import FEATURE_VERSION
 from ._gbdt import GbdtModel
 from ._kinds import load_model
 from ._metrics import evaluate
+from ._siblings import affinity
 from ._store import _finite, samples_from_rows
 
 UPDATE_FROM_ROWS = 5000  # a model trained on fewer rows is fitted again: that is cheap
@@ -142,14 +143,17 @@ def _base(database: db.Database, device_key: str, from_rows: int) -> db.ModelRec
     device (what a launch weighs), with the current features and at least ``from_rows``
     rows, the one trained on the device on more rows; where none trained on it, the model of
     every device (a CPU's dataset file imported and trained on, a launch on another CPU: its
-    rows teach that model, not a model fitted on one launch's rows); None where neither."""
+    rows teach that model, not a model fitted on one launch's rows) where it trained on a
+    device of the same kind (a CPU; a GPU of the same vendor runtime: what Kernel Tuner caches
+    teach says nothing of a CPU's µGraphs); None where neither."""
     newest: dict[str, db.ModelRecord] = {}
     for m in db.models(database, device_key, "gbdt", with_weights=False):
         newest.setdefault(m.device_key, m)
     fit = [m for m in newest.values() if m.feature_version == FEATURE_VERSION
            and int(m.trained_on.get("rows", 0)) >= from_rows]
     pool = ([m for m in fit if device_key in _devices(m)]
-            or [m for m in fit if m.device_key == db.ALL_DEVICES])
+            or [m for m in fit if m.device_key == db.ALL_DEVICES
+                and any(affinity(device_key, d) > 0 for d in _devices(m))])
     return max(pool, key=lambda m: (int(m.trained_on.get("rows", 0)), m.id), default=None)
 
 

@@ -131,6 +131,20 @@ def test_the_retrain_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys
     assert f"no ok measurements of {KEY!r}" in capsys.readouterr().err
 
 
+def test_a_new_device_teaches_only_a_model_of_its_kind(tmp_path):
+    """A model of Kernel Tuner caches knows nothing of a CPU's µGraphs: a CPU's launch does
+    not teach it (the caller fits one on the CPU's rows); another GPU of the runtime does."""
+    from costmodel._update import _base
+
+    with db.connect(f"sqlite:///{tmp_path / 'k.db'}") as database:
+        stored = db.save_model(database, kind="gbdt", device_key=db.ALL_DEVICES,
+                               feature_version=costmodel.FEATURE_VERSION, weights=b"",
+                               trained_on={"rows": 6000, "devices": [KEY]}, metrics={})
+        assert _base(database, "cpu:AMD EPYC (family 25 model 17):2c", 100) is None
+        assert _base(database, "replay:NVIDIA RTX A6000", 100).id == stored
+        assert _base(database, "replay:NVIDIA RTX A6000", 6001) is None  # too few rows
+
+
 def test_the_new_device_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys):
     from support import load_script
 
