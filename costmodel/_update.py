@@ -18,7 +18,7 @@ never saw, of the programs the user tunes (``metrics["update"]["before"]``).  Th
 figure ``sampler: auto`` weighs stays the full fit's, not measured again (benchmarks/retrain.py:
 on configs of structures it knew, tau moves by -0.010 to -0.021; docs/costmodel.md).
 
-A device the model never trained on — the repository's dataset file of one CPU imported and
+A CPU the model never trained on — the repository's dataset file of one CPU imported and
 trained on, launches on another — teaches the model of every device too: its rows are the new
 ones, old structures of the devices the model knows are replayed, and its held-out figure
 there is how the models ranked each launch's rows before learning them.  Measured (a model of
@@ -36,6 +36,7 @@ import numpy as np
 
 import db
 
+from ._devices import spec_for_key
 from ._features import FEATURE_VERSION
 from ._gbdt import GbdtModel
 from ._kinds import load_model
@@ -143,17 +144,19 @@ def _base(database: db.Database, device_key: str, from_rows: int) -> db.ModelRec
     device (what a launch weighs), with the current features and at least ``from_rows``
     rows, the one trained on the device on more rows; where none trained on it, the model of
     every device (a CPU's dataset file imported and trained on, a launch on another CPU: its
-    rows teach that model, not a model fitted on one launch's rows) where it trained on a
-    device of the same kind (a CPU; a GPU of the same vendor runtime: what Kernel Tuner caches
-    teach says nothing of a CPU's µGraphs); None where neither."""
+    rows teach that model, not a model fitted on one launch's rows) where it trained on a CPU
+    (a model of Kernel Tuner caches knows nothing of a CPU's µGraphs); None where neither.  A
+    GPU no model trained on is not taught: its siblings' measurements rank it (``_siblings``;
+    measured, no correction from a launch's few rows beat their order, docs/costmodel.md)."""
     newest: dict[str, db.ModelRecord] = {}
     for m in db.models(database, device_key, "gbdt", with_weights=False):
         newest.setdefault(m.device_key, m)
     fit = [m for m in newest.values() if m.feature_version == FEATURE_VERSION
            and int(m.trained_on.get("rows", 0)) >= from_rows]
-    pool = ([m for m in fit if device_key in _devices(m)]
-            or [m for m in fit if m.device_key == db.ALL_DEVICES
-                and any(affinity(device_key, d) > 0 for d in _devices(m))])
+    pool = [m for m in fit if device_key in _devices(m)]
+    if not pool and spec_for_key(device_key).kind == "cpu":
+        pool = [m for m in fit if m.device_key == db.ALL_DEVICES
+                and any(affinity(device_key, d) > 0 for d in _devices(m))]
     return max(pool, key=lambda m: (int(m.trained_on.get("rows", 0)), m.id), default=None)
 
 

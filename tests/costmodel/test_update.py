@@ -133,7 +133,8 @@ def test_the_retrain_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys
 
 def test_a_new_device_teaches_only_a_model_of_its_kind(tmp_path):
     """A model of Kernel Tuner caches knows nothing of a CPU's µGraphs: a CPU's launch does
-    not teach it (the caller fits one on the CPU's rows); another GPU of the runtime does."""
+    not teach it (the caller fits one on the CPU's rows); nor does a GPU it never trained on
+    (its siblings' measurements rank it), nor one trained on too few rows."""
     from costmodel._update import _base
 
     with db.connect(f"sqlite:///{tmp_path / 'k.db'}") as database:
@@ -141,8 +142,9 @@ def test_a_new_device_teaches_only_a_model_of_its_kind(tmp_path):
                                feature_version=costmodel.FEATURE_VERSION, weights=b"",
                                trained_on={"rows": 6000, "devices": [KEY]}, metrics={})
         assert _base(database, "cpu:AMD EPYC (family 25 model 17):2c", 100) is None
-        assert _base(database, "replay:NVIDIA RTX A6000", 100).id == stored
-        assert _base(database, "replay:NVIDIA RTX A6000", 6001) is None  # too few rows
+        assert _base(database, "replay:NVIDIA RTX A6000", 100) is None
+        assert _base(database, KEY, 100).id == stored
+        assert _base(database, KEY, 6001) is None  # too few rows
 
 
 def test_the_new_device_benchmark_says_what_is_missing_and_exits_2(tmp_path, capsys):
@@ -191,59 +193,71 @@ def test_a_model_of_every_device_is_taught_every_devices_rows_since_its_full_fit
         assert costmodel.update(database, KEY, from_rows=100)["trained"] is False
 
 
-@pytest.mark.skipif(not shared_cache("dedispersion", "A6000").exists(),
-                    reason="no Kernel Tuner caches")
-def test_a_device_the_model_never_trained_on_teaches_the_model_of_every_device(
+INTEL_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / \
+    "dataset_intel-r-xeon-r-processor-family-6-model-167.jsonl.gz"
+
+
+def cpu_dataset(tmp_path: Path, name: str, device_key: str, programs: slice):
+    """Some programs of the repository's Intel Xeon dataset file, as measured on
+    ``device_key`` (a CPU's file imported, or a launch on another CPU)."""
+    lines = [json.loads(line) for line in gzip.decompress(INTEL_FILE.read_bytes()).splitlines()]
+    keep = {p["key"] for p in [d for d in lines if d["kind"] == "program"][programs]}
+    out = []
+    for d in lines:
+        if d["kind"] == "header":
+            out.append(dict(d, device_key=device_key, cpu=device_key.split(":")[1]))
+        elif d.get("key" if d["kind"] == "program" else
+                   "program" if d["kind"] == "structure" else "p") in keep:
+            out.append(dict(d, d=device_key) if d["kind"] == "m" else d)
+    path = tmp_path / f"{name}.jsonl.gz"
+    path.write_bytes(gzip.compress("\n".join(json.dumps(d) for d in out).encode() + b"\n"))
+    return costmodel.read_dataset(path)
+
+
+def test_a_cpu_the_model_never_trained_on_teaches_the_model_of_every_device(
         tmp_path, monkeypatch):
-    """A dataset of one device trained on, launches on another (the repository's CPU file,
-    a user's CPU): the new device's rows teach the model of every device, whose held-out
-    figure there is how it ranked each launch's rows before learning them — what the next
-    launch's ``sampler: auto`` weighs — not a model fitted on one launch's rows."""
+    """Another CPU's dataset file trained on, launches on this CPU: its rows teach the model
+    of every device, whose held-out figure here is how it ranked each launch's rows before
+    learning them — what the next launch's ``sampler: auto`` weighs — not a model fitted on
+    one launch's rows."""
     from tuner.samplers.factory import held_out_tau
 
     monkeypatch.setattr(costmodel._update, "UPDATE_FROM_ROWS", 100)
-    doc = json.loads(gzip.decompress(shared_cache("dedispersion", "A6000").read_bytes()))
-
-    def launch_of(start: int) -> Path:
-        path = tmp_path / f"A6000_{start}.json.gz"
-        path.write_bytes(gzip.compress(json.dumps(
-            dict(doc, cache=dict(list(doc["cache"].items())[start::16]))).encode()))
-        return path
-
+    other, here = "cpu:Other CPU:2c", "cpu:This CPU:2c"
     with db.connect(f"sqlite:///{tmp_path / 'new.db'}") as database:
-        costmodel.import_kernel_tuner(database, part(tmp_path, 0, every=4))
+        costmodel.import_dataset(database, cpu_dataset(tmp_path, "other", other, slice(0, 6)))
         full = costmodel.train(database, kind="gbdt", options={"trees": 30, "leaves": 15})
-        assert full["devices"] == [KEY]
-        costmodel.import_kernel_tuner(database, launch_of(0))
-        (new,) = {r.device_key for r in db.training_rows(database)} - {KEY}
+        assert full["devices"] == [other]
+        costmodel.import_dataset(database, cpu_dataset(tmp_path, "l1", here, slice(6, 8)))
         said: list[str] = []
-        (done,) = retrain(database, [new], 30.0, said.append)
-        first_rows = len(db.training_rows(database, new))
+        (done,) = retrain(database, [here], 30.0, said.append)
+        first_rows = len(db.training_rows(database, here))
         assert done["updated_from"] == full["model_id"] and done["new_rows"] == first_rows
-        assert "it had never trained on this device" in said[-1] and new in said[-1]
-        assert done["device_key"] == new and done["model_device_key"] == db.ALL_DEVICES
-        taught = db.best_model(database, new)
-        assert taught.device_key == db.ALL_DEVICES and taught.trained_on["devices"] == [KEY, new]
-        figure = taught.metrics["held_out"][new]
+        assert "it had never trained on this device" in said[-1] and here in said[-1]
+        assert done["device_key"] == here and done["model_device_key"] == db.ALL_DEVICES
+        taught = db.best_model(database, here)
+        assert taught.device_key == db.ALL_DEVICES and taught.trained_on["devices"] == [other,
+                                                                                      here]
+        figure = taught.metrics["held_out"][here]
         assert figure["n"] == first_rows and figure["launches"] == 1
         assert figure["kendall_tau"] == taught.metrics["update"]["before"]["kendall_tau"]
-        assert held_out_tau(taught, new) == pytest.approx(figure["kendall_tau"])
-        assert taught.metrics["held_out"][KEY] == full["held_out"][KEY]
+        assert held_out_tau(taught, here) == pytest.approx(figure["kendall_tau"])
+        assert taught.metrics["held_out"][other] == full["held_out"][other]
         assert [m.id for m in db.models(database)] == [taught.id, full["model_id"]]  # no own fit
 
-        # the next launch: taught again from the full fit, every row of the new device; the
-        # figure pools both launches' (configs the models never saw)
-        costmodel.import_kernel_tuner(database, launch_of(1))
-        again = costmodel.update(database, new, from_rows=100)
-        rows_now = len(db.training_rows(database, new))
+        # the next launch: taught again from the full fit, every row of this CPU; the figure
+        # pools both launches' (configs the models never saw)
+        costmodel.import_dataset(database, cpu_dataset(tmp_path, "l2", here, slice(8, 10)))
+        again = costmodel.update(database, here, from_rows=100)
+        rows_now = len(db.training_rows(database, here))
         assert again["from"] == taught.id and again["since_full_fit"] == rows_now
         assert again["new_rows"] == rows_now - first_rows
-        pooled = db.best_model(database, new).metrics["held_out"][new]
+        pooled = db.best_model(database, here).metrics["held_out"][here]
         assert pooled["n"] == rows_now and pooled["launches"] == 2
         b = again["before"]["kendall_tau"]
         assert pooled["kendall_tau"] == pytest.approx(
             (figure["kendall_tau"] * first_rows + b * again["new_rows"]) / rows_now)
-        assert costmodel.update(database, KEY, from_rows=100)["trained"] is False
+        assert costmodel.update(database, other, from_rows=100)["trained"] is False
 
 
 def test_a_retrain_that_fails_is_said_and_the_launch_goes_on(tmp_path, monkeypatch):

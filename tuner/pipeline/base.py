@@ -15,7 +15,7 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -46,6 +46,14 @@ class RunContext:
     progress: ProgressSink | None = None
     tune_deadline: float | None = None  # set when the first study starts
     executor: Any = None  # the search's executor (cluster.LocalExecutor / RayExecutor)
+    said: set[str] = field(default_factory=set)
+
+    def log_once(self, line: str) -> None:
+        """``log``, but a line said before in this run is not said again (each program's
+        studies on a device choose their sampler alike: one line, not one per program)."""
+        if line not in self.said:
+            self.said.add(line)
+            self.log(line)
 
     def deadline(self) -> float | None:
         """The tuning budget is for the whole job: its clock starts at the first study."""

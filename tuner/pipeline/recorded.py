@@ -137,7 +137,7 @@ class RecordedSpacePipeline(ProgramPipeline):
                             candidates=1)
         tuning = self.ctx.job.tuning
         factory = sampler_factory(tuning.sampler, tuning.seed, database, pool.key,
-                                  self.ctx.log)
+                                  self.ctx.log_once)
         rep.sampler = factory.chosen
         runner = ReplayStudyRunner(database, storage, factory, pool,
                                    trials=tuning.trials_per_structure, seed=tuning.seed or 0,

@@ -129,7 +129,7 @@ class UGraphPipeline(ProgramPipeline):
         t1 = time.perf_counter()
         rep.baseline_s = _baseline(pool, reference)
         factory = sampler_factory(tuning.sampler, tuning.seed, database, pool.key,
-                                  self.ctx.log)
+                                  self.ctx.log_once)
         rep.sampler = factory.chosen
         runner = StudyRunner(database, storage, factory, pool,
                              trials=tuning.trials_per_structure, seed=tuning.seed or 0,
