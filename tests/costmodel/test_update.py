@@ -258,6 +258,9 @@ def test_a_cpu_the_model_never_trained_on_teaches_the_model_of_every_device(
         assert pooled["kendall_tau"] == pytest.approx(
             (figure["kendall_tau"] * first_rows + b * again["new_rows"]) / rows_now)
         assert costmodel.update(database, other, from_rows=100)["trained"] is False
+    listed = run_cli("model", "list", "--db", f"sqlite:///{tmp_path / 'new.db'}")
+    assert listed.returncode == 0, listed.stderr
+    assert "but on 1 CPU(s) it never trained on, how the updates ranked" in listed.stdout
 
 
 def test_a_retrain_that_fails_is_said_and_the_launch_goes_on(tmp_path, monkeypatch):

@@ -260,6 +260,9 @@ def _figures(row: dict) -> str:
             out.append(f"{len(found) - len(taus)} device(s) with under {MIN_HELD_OUT} held-out "
                        "configs (not trusted)")
     if row.get("full_fit") is not None:  # a launch's update (``costmodel.update``)
+        learned = [d for d, m in row.get("held_out", {}).items() if "measured" in m]
         out.append(f"model {row['full_fit']} taught the launches' measurements since "
-                   f"({row.get('updates', 1)} update(s); the held-out figures are its)")
+                   f"({row.get('updates', 1)} update(s); the held-out figures are its"
+                   + (f", but on {len(learned)} CPU(s) it never trained on, how the updates "
+                      "ranked each launch's rows before learning them)" if learned else ")"))
     return "; ".join(out) or "no held-out figure"
