@@ -20,11 +20,11 @@ on configs of structures it knew, tau moves by -0.010 to -0.021; docs/costmodel.
 
 A CPU the model never trained on — the repository's dataset file of one CPU imported and
 trained on, launches on another — teaches the model of every device too: its rows are the new
-ones, old structures of the devices the model knows are replayed, and its held-out figure
+ones, old structures of the CPUs the model knows are replayed, and its held-out figure
 there is how the models ranked each launch's rows before learning them.  Measured (a model of
 the Intel Xeon file, a Zen 4's launch of 8 new programs, 3 seeds): the next launch's 60 new
 programs ranked at tau 0.537-0.590 where a model fitted on the launch's rows alone, what the
-retrain made before, gives 0.290-0.436 (docs/costmodel.md)."""
+retrain made before, gives 0.311-0.436 (docs/costmodel.md)."""
 
 from __future__ import annotations
 
@@ -85,11 +85,11 @@ def update(database: db.Database, device_key: str, *, time_budget_s: float | Non
                 "trained": False, "updated": False,
                 "reason": "up to date: no new measurements to learn from",
                 **chosen.trained_on}
-    # replayed: structures the full fit learned, of this device, or of the devices it trained
-    # on where it never saw this one
+    # replayed: structures the full fit learned, of this device, or where it never saw this
+    # one, of the devices of its kind it trained on (not a GPU's Kernel Tuner spaces for a CPU)
     known = device_key in _devices(full)
-    pool = {(d, h): n for d in ([device_key] if known else _devices(full))
-            for h, n in db.measured_structures(database, d).items()}
+    kin = [device_key] if known else [d for d in _devices(full) if affinity(device_key, d) > 0]
+    pool = {(d, h): n for d in kin for h, n in db.measured_structures(database, d).items()}
     replayed: dict[str, set[str]] = {}
     for d, h in _replayed(pool, {(d, h) for d, hs in touched.items() for h in hs},
                           max(REPLAY_MIN, REPLAY * count), seed=newest):

@@ -223,21 +223,33 @@ def test_a_cpu_the_model_never_trained_on_teaches_the_model_of_every_device(
     from tuner.samplers.factory import held_out_tau
 
     monkeypatch.setattr(costmodel._update, "UPDATE_FROM_ROWS", 100)
+    replays: list[str] = []  # the devices whose structures are read whole (replayed or new)
+    rows_of = db.training_rows
+
+    def spy(database, device_key=None, **kw):
+        if kw.get("structures") is not None:
+            replays.append(device_key)
+        return rows_of(database, device_key, **kw)
+
+    monkeypatch.setattr(db, "training_rows", spy)
     other, here = "cpu:Other CPU:2c", "cpu:This CPU:2c"
     with db.connect(f"sqlite:///{tmp_path / 'new.db'}") as database:
         costmodel.import_dataset(database, cpu_dataset(tmp_path, "other", other, slice(0, 6)))
+        costmodel.import_kernel_tuner(database, part(tmp_path, 0, every=8))  # a GPU's cache too
         full = costmodel.train(database, kind="gbdt", options={"trees": 30, "leaves": 15})
-        assert full["devices"] == [other]
+        assert sorted(full["devices"]) == sorted([other, KEY])
         costmodel.import_dataset(database, cpu_dataset(tmp_path, "l1", here, slice(6, 8)))
         said: list[str] = []
         (done,) = retrain(database, [here], 30.0, said.append)
+        # replayed beside the new CPU's rows: the other CPU's structures, not the GPU's space
+        assert set(replays) == {here, other}
         first_rows = len(db.training_rows(database, here))
         assert done["updated_from"] == full["model_id"] and done["new_rows"] == first_rows
         assert "it had never trained on this device" in said[-1] and here in said[-1]
         assert done["device_key"] == here and done["model_device_key"] == db.ALL_DEVICES
         taught = db.best_model(database, here)
-        assert taught.device_key == db.ALL_DEVICES and taught.trained_on["devices"] == [other,
-                                                                                      here]
+        assert taught.device_key == db.ALL_DEVICES
+        assert sorted(taught.trained_on["devices"]) == sorted([other, KEY, here])
         figure = taught.metrics["held_out"][here]
         assert figure["n"] == first_rows and figure["launches"] == 1
         assert figure["kendall_tau"] == taught.metrics["update"]["before"]["kendall_tau"]
