@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import db
     from costmodel import evaluate, make_model, samples_from_rows
-    from costmodel._update import REPLAY, REPLAY_MIN, UPDATE_TREES, _replayed
+    from costmodel._update import UPDATE_TREES, _replayed, replay_size
     from kernels.machine import cpu_name
     from tuner.pipeline.run import TRAIN_BUDGET_S
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         counts: dict[str, int] = {}
         for i in base_rows:
             counts[samples[i].group] = counts.get(samples[i].group, 0) + 1
-        replay = _replayed(counts, set(), max(REPLAY_MIN, REPLAY * len(a)), seed=seed)
+        replay = _replayed(counts, set(), replay_size(len(a)), seed=seed)
         kept = set(base_rows)
         old = [i for g in sorted(replay) for i in groups[g] if i in kept]
         for name, extra in (("update", old), ("update, no replay", [])):

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import db
     from costmodel import evaluate, make_model, samples_from_rows
-    from costmodel._update import REPLAY, REPLAY_MIN, UPDATE_TREES, _replayed
+    from costmodel._update import UPDATE_TREES, _replayed, replay_size
     from kernels.machine import cpu_name
     from tuner.pipeline.run import TRAIN_BUDGET_S
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         alone.fit(a, seed=seed)
         score(alone, "fit on A alone", time.perf_counter() - t)
         score(base, "base, untaught", 0.0)
-        replay = _replayed(counts, set(), max(REPLAY_MIN, REPLAY * len(a)), seed=seed)
+        replay = _replayed(counts, set(), replay_size(len(a)), seed=seed)
         taught = copy.deepcopy(base)
         t = time.perf_counter()
         taught.update(a + [s for s in base_samples if s.group in replay], trees=UPDATE_TREES)

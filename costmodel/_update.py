@@ -92,7 +92,7 @@ def update(database: db.Database, device_key: str, *, time_budget_s: float | Non
     pool = {(d, h): n for d in kin for h, n in db.measured_structures(database, d).items()}
     replayed: dict[str, set[str]] = {}
     for d, h in _replayed(pool, {(d, h) for d, hs in touched.items() for h in hs},
-                          max(REPLAY_MIN, REPLAY * count), seed=newest):
+                          replay_size(count), seed=newest):
         replayed.setdefault(d, set()).add(h)
     rows = [r for d in dict.fromkeys([*touched, *replayed]) for r in db.training_rows(
         database, d, structures=touched.get(d, set()) | replayed.get(d, set()))]
@@ -196,6 +196,12 @@ def _full_fit(database: db.Database, model: db.ModelRecord) -> db.ModelRecord:
     found = [m for m in db.models(database, model.device_key, model.kind, with_weights=False)
              if m.id == fit]
     return found[0] if found else model
+
+
+def replay_size(new_rows: int) -> int:
+    """How many old rows are learned again beside ``new_rows`` new ones (``REPLAY``,
+    ``REPLAY_MIN``): the one rule the retrain and its benchmarks follow."""
+    return max(REPLAY_MIN, REPLAY * new_rows)
 
 
 def _replayed(counts: dict[Any, int], touched: set, rows: int, *, seed: int) -> set:
